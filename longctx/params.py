@@ -1,0 +1,90 @@
+"""Parameter types shared by every verb: context lengths, RoPE bases, scaling factors.
+
+Each has a plain parser (usable from recipes) that raises ValueError with a message quoting the bad
+item and showing an accepted form, and a click type that turns that into a usage error.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import click
+
+_LENGTH = re.compile(r"(\d+(?:_\d+)*)([kKmM]?)")
+_UNIT = {"": 1, "k": 1024, "K": 1024, "m": 1024**2, "M": 1024**2}
+
+
+def parse_lengths(text: str) -> list[int]:
+    """'4k,8K,32k,131072' -> [4096, 8192, 32768, 131072]; k/K mean ×1024 (RULER's 128k = 131072)."""
+    if not text.strip():
+        raise ValueError("no lengths given (use e.g. 4k,8k,32k or 4096,8192)")
+    seen: dict[int, str] = {}
+    for raw in text.split(","):
+        item = raw.strip()
+        m = _LENGTH.fullmatch(item)
+        if not item:
+            raise ValueError(f"empty item in '{text}' (use e.g. 4k,8k,32k)")
+        if m is None:
+            raise ValueError(f"'{item}' in '{text}' is not a length (use 32k or 32768; k and K mean x1024)")
+        value = int(m.group(1).replace("_", "")) * _UNIT[m.group(2)]
+        if value <= 0:
+            raise ValueError(f"'{item}' in '{text}' is not a positive length (use 32k or 32768)")
+        if value in seen:
+            raise ValueError(f"'{item}' in '{text}' repeats {value} (given as '{seen[value]}'); list each length once")
+        seen[value] = item
+    return sorted(seen)
+
+
+def parse_number(text: str | float | int) -> int | float:
+    """'1e6', '1_000_000', '1000000' -> 1000000 (int when whole); finite and > 0, e.g. a RoPE base."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"'{text}' is not a number (use e.g. 1e6, 1_000_000 or 1000000)") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"'{text}' must be a finite number > 0 (e.g. 1e6)")
+    return int(value) if value.is_integer() and abs(value) < 2**53 else value
+
+
+def parse_factor(text: str | float | int) -> float:
+    """A scaling factor: a float > 1 (4 means 32k -> 128k)."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"'{text}' is not a number (use e.g. 4 to go from 32k to 128k)") from None
+    if not math.isfinite(value) or value <= 1:
+        raise ValueError(f"factor must be a number > 1, got '{text}' (e.g. 4 to go from 32k to 128k)")
+    return value
+
+
+class _ParsedType(click.ParamType):
+    parser = staticmethod(parse_number)
+
+    def convert(self, value, param, ctx):
+        if not isinstance(value, str):
+            return value  # a default, already parsed
+        try:
+            return self.parser(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+class LengthsType(_ParsedType):
+    name = "lengths"
+    parser = staticmethod(parse_lengths)
+
+
+class NumberType(_ParsedType):
+    name = "number"
+    parser = staticmethod(parse_number)
+
+
+class FactorType(_ParsedType):
+    name = "factor"
+    parser = staticmethod(parse_factor)
+
+
+LENGTHS = LengthsType()
+NUMBER = NumberType()
+FACTOR = FactorType()

@@ -1,0 +1,1 @@
+"""RULER task generators."""

@@ -1,0 +1,88 @@
+"""Shared fixtures: a real 32k SentencePiece tokenizer and tiny checkpoints, all built locally."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def reference_tokenizer_dir(tmp_path_factory):
+    """Mistral-7B v1 SentencePiece tokenizer (from `mistral_common`) as a transformers fast tokenizer.
+
+    Byte-identical to `shared/golden/ruler/tokenizer/` (the tokenizer RULER's goldens were made with).
+    """
+    from longctx.checkpoint import write_reference_tokenizer
+
+    out = tmp_path_factory.mktemp("tokenizer")
+    write_reference_tokenizer(out)
+    return out
+
+
+# Tiny checkpoints are trained-length 256 so that "a prompt longer than N" stays cheap on 2 cores.
+TINY_TRAINED_LENGTH = 256
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory, reference_tokenizer_dir):
+    """A tiny random Qwen3 checkpoint (fp32, head_dim 64, RoPE base 1e4, max_position_embeddings 256)."""
+    from longctx.models.presets import write_tiny_qwen3
+
+    return write_tiny_qwen3(tmp_path_factory.mktemp("ckpt") / "tiny", reference_tokenizer_dir,
+                            max_position_embeddings=TINY_TRAINED_LENGTH)
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    """Fingerprint caches go to a per-session temp dir, never the user's ~/.cache."""
+    monkeypatch.setenv("LONGCTX_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def require_vllm():
+    """Import vllm, or skip; in CI (CI=true) or with LONGCTX_REQUIRE_VLLM=1 a missing vllm fails."""
+    import os
+
+    try:
+        import vllm
+    except ImportError:
+        if os.environ.get("LONGCTX_REQUIRE_VLLM") == "1" or os.environ.get("CI") == "true":
+            raise
+        pytest.skip("vllm is not installed (pip install 'longctx[cpu]')")
+    return vllm
+
+
+class VllmEngines:
+    """One live vLLM engine at a time for the whole test session (start-up costs ~30 s on 2 cores):
+    asking for a different checkpoint shuts the previous engine down first."""
+
+    def __init__(self):
+        self.key = None
+        self.llm = None
+
+    def get(self, model, **kwargs):
+        key = (str(model), tuple(sorted(kwargs.items())))
+        if key != self.key:
+            self.close()
+            require_vllm()
+            from vllm import LLM
+
+            self.llm = LLM(model=str(model), dtype="float32", enforce_eager=True, seed=0, **kwargs)
+            self.key = key
+        return self.llm
+
+    def close(self):
+        if self.llm is not None:
+            import gc
+
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = self.key = None
+            gc.collect()
+
+
+@pytest.fixture(scope="session")
+def vllm_engines():
+    import os
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default sizing fails on these machines
+    engines = VllmEngines()
+    yield engines
+    engines.close()
