@@ -9,7 +9,8 @@ import pytest
 import torch
 from conftest import TINY_TRAINED_LENGTH, require_vllm
 
-from longctx.rope import apply_yarn, read_rope, rope_cos_sin, yarn_attention_scaling, yarn_inv_freq, yarn_checkpoint
+from longctx.rope import (apply_yarn, read_rope, rope_cos_sin, vllm_settings, yarn_attention_scaling, yarn_checkpoint,
+                          yarn_inv_freq)
 
 
 @pytest.mark.parametrize("factor,base,orig,head_dim", [(4.0, 1e6, 32768, 128), (2.0, 1e4, 4096, 64),
@@ -67,3 +68,16 @@ def test_yarn_checkpoint_logprobs_agree_in_transformers_and_vllm(tiny_checkpoint
     # the scaled model differs from the unscaled one past the trained length (scaling not a silent no-op)
     unscaled = _hf_prompt_logprobs(tiny_checkpoint, ids)
     assert (unscaled - hf_lp)[TINY_TRAINED_LENGTH:].abs().max().item() > 1e-3
+
+
+@pytest.mark.slow
+def test_printed_hf_overrides_give_the_scaled_model_in_vllm(tiny_checkpoint, tmp_path, vllm_engines):
+    """The `--hf-overrides` form `yarn` prints, applied to the unscaled checkpoint, computes what the
+    written YaRN checkpoint computes (same prompt log-probs as transformers on the new directory)."""
+    out = tmp_path / "yarn"
+    yarn_checkpoint(tiny_checkpoint, 4.0, out)
+    settings = vllm_settings(read_rope(__import__("json").loads((out / "config.json").read_text())))
+    ids = torch.randint(3, 32000, (int(TINY_TRAINED_LENGTH * 2.5),), generator=torch.Generator().manual_seed(1)).tolist()
+    llm = vllm_engines.get(tiny_checkpoint, max_model_len=settings["max_model_len"],
+                           hf_overrides=settings["hf_overrides"])
+    assert (_vllm_prompt_logprobs(llm, ids) - _hf_prompt_logprobs(out, ids)).abs().max().item() <= 1e-4
