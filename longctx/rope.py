@@ -63,16 +63,6 @@ class RopeSettings:
             return math.ceil(self.original_max_position_embeddings * self.factor)
         return self.max_position_embeddings
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "rope_type": self.rope_type,
-            "rope_theta": self.theta,
-            "factor": self.factor,
-            "original_max_position_embeddings": self.original_max_position_embeddings,
-            "max_position_embeddings": self.max_position_embeddings,
-            **self.extra,
-        }
-
 
 def _default_theta(model_type: str | None) -> float | None:
     """The base transformers falls back to for this model type (None when it knows no such type)."""
