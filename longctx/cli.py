@@ -12,7 +12,8 @@ import click
 
 from longctx import __version__
 from longctx.errors import InputError
-from longctx.params import FACTOR
+from longctx.params import FACTOR, LENGTHS
+from ruler_tasks.errors import RulerInputError
 
 
 class _Group(click.Group):
@@ -26,7 +27,7 @@ class _Group(click.Group):
             hint = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
             click.echo(f"Error: {e.format_message()}{hint}", err=True)
             sys.exit(2)
-        except InputError as e:
+        except (InputError, RulerInputError) as e:
             click.echo(f"Error: {e}", err=True)
             sys.exit(2)
         except click.ClickException as e:
@@ -104,6 +105,34 @@ def yarn(checkpoint, factor, original, output, rescale, overwrite, beta_fast, be
     click.echo("vLLM:")
     click.echo(f"  {r['vllm_serve']}")
     click.echo(f"  {r['vllm_serve_overrides']}")
+
+
+@cli.group()
+def ruler():
+    """RULER: the 13 synthetic long-context tasks (NVIDIA/RULER @ c3f5e3b)."""
+
+
+@ruler.command("prepare")
+@click.option("--tokenizer", required=True, help="Tokenizer directory (or checkpoint) that counts the lengths.")
+@click.option("--lengths", type=LENGTHS, required=True, help="Context lengths, e.g. 4k,8k,131072 (k/K = x1024).")
+@click.option("--tasks", help="Comma-separated task names [default: all 13].")
+@click.option("--samples", type=click.IntRange(min=1), default=500, show_default=True, help="Samples per task and length.")
+@click.option("--seed", type=int, default=42, show_default=True)
+@click.option("--template", type=click.Choice(["base", "chat"]), default="base", show_default=True,
+              help="base: RULER's plain prompt; chat: the tokenizer's chat template, answer prefix in the assistant turn.")
+@click.option("--data-dir", type=click.Path(), help="Folder with essay.json, squad.json and hotpotqa.json.")
+@click.option("--essay", help="Essay haystack (RULER's PaulGrahamEssays.json format): a file or hf:<dataset id>.")
+@click.option("--squad", help="SQuAD v2.0 dev (for qa_1): a file or hf:<dataset id>.")
+@click.option("--hotpotqa", help="HotpotQA dev-distractor (for qa_2): a file or hf:<dataset id>.")
+@click.option("-o", "--output", required=True, type=click.Path(), help="Output folder: <length>/<task>.jsonl + manifest.")
+def ruler_prepare(tokenizer, lengths, tasks, samples, seed, template, data_dir, essay, squad, hotpotqa, output):
+    """Write RULER task files, byte-identical to upstream's generators for the same inputs."""
+    from ruler_tasks.prepare import prepare
+
+    click.echo(f"lengths: {', '.join(map(str, lengths))}")
+    r = prepare(tokenizer, lengths, tasks, samples, seed, template, data_dir, essay, squad, hotpotqa, output)
+    reused = sum(t.reused for t in r.timings)
+    click.echo(f"{len(r.files)} task files ({reused} reused) and {r.out_dir / 'manifest.json'} in {r.out_dir}")
 
 
 def main():

@@ -1,0 +1,124 @@
+"""The fast token counts equal a full tokenization (`len(tokenizer.tokenize(text))`, as RULER's
+scripts/data/tokenizer.py `hf` type counts) for every tokenizer family they accelerate."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ruler_tasks.counting import TokenCounter
+from ruler_tasks.text import Join, NumberedList, render, truncate
+
+NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+WORDS = ["alpha", "beta", "x-ray", "naïve", "café", "don't", "e.g.", "U.S.", "1234567", "...", "—", "tab\tbed",
+         "", " ", "  ", "a  b", "end.", "Mr.", "\u00a0", "emoji😀", "{brace}", "VAR ABC = 12345", "日本"]
+
+
+def _random_parts(r: random.Random):
+    parts = []
+    for _ in range(r.randint(1, 5)):
+        t = r.random()
+        if t < 0.35:
+            parts.append(r.choice(WORDS + ["\n", "Question: what?", " Answer:", "x\n\ny", "\n "]))
+        elif t < 0.8:
+            sep = r.choice(["\n", " ", "\n\n", ", ", "  "])
+            items = [r.choice(WORDS + [NOISE, NOISE]) for _ in range(r.randint(0, 12))]
+            parts.append(Join(sep, items, r.random() < 0.3))
+        else:
+            parts.append(NumberedList([r.choice([w for w in WORDS if w] + ["ab"]) for _ in range(r.randint(0, 15))]))
+    return parts
+
+
+def _check(counter: TokenCounter, tok, trials: int, seed: int):
+    r = random.Random(seed)
+    for _ in range(trials):
+        parts = _random_parts(r)
+        text = render(parts)
+        assert counter.count(parts) == len(tok.tokenize(text)), (counter.strategy, parts)
+        n = r.randint(0, len(text))
+        assert counter.count_prefix(parts, n) == len(tok.tokenize(text[:n])), (parts, n)
+
+
+@pytest.fixture(scope="module")
+def ref_tok(reference_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(reference_tokenizer_dir)
+
+
+def test_metaspace_strategy_selected(ref_tok):
+    c = TokenCounter(ref_tok)
+    assert c.strategy == "metaspace"
+    assert c._anchor == "\n"  # no Mistral vocabulary token contains a newline
+
+
+def test_metaspace_counts_equal_full_tokenization(ref_tok):
+    _check(TokenCounter(ref_tok), ref_tok, 600, seed=1)
+
+
+def test_metaspace_noise_haystack_and_special_tokens(ref_tok):
+    c = TokenCounter(ref_tok)
+    parts = ["A special magic number is hidden.\n", Join("\n", [NOISE] * 3000 + ["One of the x-y is: 1."]),
+             "\nWhat is it? The answer is"]
+    assert c.count(parts) == len(ref_tok.tokenize(render(parts)))
+    # added tokens in the text (chat wrappers) fall back to full tokenization
+    parts = ["<s>[INST] hi", Join(" ", ["a", "</s>", "b"] * 5), " [/INST]"]
+    assert c.count(parts) == len(ref_tok.tokenize(render(parts)))
+
+
+def test_legacy_sentencepiece_normalizer(ref_tok):
+    """Older Llama/Mistral tokenizer.json: Prepend("▁") + Replace(" ", "▁") normalizer, no pre-tokenizer."""
+    from tokenizers import Tokenizer, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer.from_str(ref_tok.backend_tokenizer.to_str())
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    backend.pre_tokenizer = None
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend)
+    c = TokenCounter(tok)
+    assert c.strategy == "metaspace"
+    _check(c, tok, 300, seed=2)
+
+
+def _byte_level_bpe():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    corpus = [NOISE, "One of the special magic numbers for x-y is: 1234567."] + WORDS
+    tk.train_from_iterator(corpus * 50, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tk)
+
+
+def test_byte_level_bpe_counts_equal_full_tokenization():
+    tok = _byte_level_bpe()
+    c = TokenCounter(tok)
+    assert c.strategy == "pretoken"
+    _check(c, tok, 400, seed=3)
+
+
+def test_unknown_model_falls_back_to_full(ref_tok):
+    c = TokenCounter(ref_tok, strategy="full")
+    _check(c, ref_tok, 50, seed=4)
+
+
+def test_verify_mode_catches_a_wrong_count(ref_tok, monkeypatch):
+    monkeypatch.setenv("RULER_TASKS_VERIFY_COUNTS", "1")
+    c = TokenCounter(ref_tok)
+    c._joined[" "] = {"beta": 99}  # poison the cache: the check must notice
+    with pytest.raises(AssertionError):
+        c.count(["x", Join(" ", ["alpha", "beta", "beta", "gamma"])])
+
+
+def test_truncate_matches_string_slicing():
+    r = random.Random(5)
+    for _ in range(500):
+        parts = _random_parts(r)
+        s = render(parts)
+        for n in {0, 1, len(s) // 2, len(s) - 1, len(s), len(s) + 3}:
+            assert render(truncate(parts, max(n, 0))) == s[:max(n, 0)]

@@ -1,0 +1,58 @@
+"""Word lists and sentence splitting equal what upstream RULER builds
+(niah.py: sorted(set(adj-noun)); nltk sent_tokenize with punkt_tab English)."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import pytest
+
+from ruler_helpers import FIXTURE_DATA
+from ruler_tasks.punkt import sent_tokenize
+from ruler_tasks.rng import fixed_permutation, fixed_shuffle
+from ruler_tasks.words import AdjNounKeys, niah_keys, wonderwords_lists
+
+
+@pytest.mark.slow
+def test_adj_noun_keys_equal_materialised_list():
+    nouns, adjs, _ = wonderwords_lists()
+    full = sorted(set(f"{a}-{n}" for a in adjs for n in nouns))
+    keys = niah_keys()
+    assert len(keys) == len(full) == 6171620  # wonderwords 3.0.1
+    assert all(keys[i] == full[i] for i in range(len(full)))
+
+
+def test_adj_noun_keys_interleaving_small():
+    adjs = ["blue", "blue-eyed", "blue green", "old", "old-fashioned", "x"]
+    nouns = ["cat", "eyed-cat", "dog", "a b", "fashioned-dog"]
+    keys = AdjNounKeys(adjs, nouns)
+    full = sorted(set(f"{a}-{n}" for a in adjs for n in nouns))
+    assert list(keys) == full
+    rng1, rng2 = random.Random(3), random.Random(3)
+    assert [rng1.choice(keys) for _ in range(50)] == [rng2.choice(full) for _ in range(50)]
+
+
+def test_fixed_shuffle_equals_random_shuffle():
+    for n in (0, 1, 2, 7, 1000):
+        x = [f"w{i}" for i in range(n)]
+        y = list(x)
+        random.Random(42).shuffle(y)
+        assert fixed_shuffle(42, x) == y
+    assert fixed_permutation(1, 5) != fixed_permutation(2, 5)
+
+
+def test_punkt_offline_ignores_nltk_data(tmp_path, monkeypatch):
+    monkeypatch.setenv("NLTK_DATA", str(tmp_path))  # empty: nothing to find there
+    text = "Mr. Smith went to Washington. He arrived at 5 p.m. on Jan. 3. It rained! Did it? Yes."
+    assert sent_tokenize(text) == ["Mr. Smith went to Washington.", "He arrived at 5 p.m. on Jan. 3.",
+                                   "It rained!", "Did it?", "Yes."]
+
+
+def test_punkt_on_essay_fixture_is_stable():
+    essay = json.loads((FIXTURE_DATA / "essay.json").read_text())["text"]
+    text = " ".join(re.sub(r"\s+", " ", essay).split(" ")[:3000]).strip()
+    sents = sent_tokenize(text)
+    assert " ".join(sents) == text  # punkt only splits at spaces here
+    assert 200 < len(sents) < 400
