@@ -1,2 +1,61 @@
-"""longctx."""
+"""longctx.
+
+Importing longctx registers the gated-attention family (`gated_qwen3`) with transformers' Auto
+classes, so `AutoModelForCausalLM.from_pretrained(dir)` loads any checkpoint longctx writes. The
+import itself stays light: if transformers is already imported the classes are registered now,
+otherwise right after transformers is first imported (a one-shot import hook), so `longctx --help`
+and the stages that never touch transformers do not pay for torch and transformers.
+"""
+
 __version__ = "0.1.0"
+
+
+def _register_transformers_classes() -> None:
+    import sys
+
+    if "longctx.models.gated_qwen3" in sys.modules:
+        return  # imported (or being imported): the module registers the classes itself when it finishes
+    try:
+        from longctx.models.gated_qwen3 import register_auto_classes
+
+        register_auto_classes()
+    except Exception as e:  # never break `import transformers` for the user; say why instead
+        import warnings
+
+        warnings.warn(f"longctx could not register the gated_qwen3 model with transformers: {e!r}", stacklevel=2)
+
+
+def _register_when_transformers_is_imported() -> None:
+    import sys
+
+    if "transformers" in sys.modules:
+        _register_transformers_classes()
+        return
+
+    import importlib.abc
+    import importlib.machinery
+
+    class _AfterTransformersImport(importlib.abc.MetaPathFinder):
+        """Find `transformers` with the normal finders, then register once its __init__ has run."""
+
+        def find_spec(self, name, path=None, target=None):
+            if name != "transformers":
+                return None
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)  # one shot (also keeps the lookup below from recursing)
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                return spec
+            exec_module = spec.loader.exec_module
+
+            def exec_then_register(module):
+                exec_module(module)
+                _register_transformers_classes()
+
+            spec.loader.exec_module = exec_then_register
+            return spec
+
+    sys.meta_path.insert(0, _AfterTransformersImport())
+
+
+_register_when_transformers_is_imported()

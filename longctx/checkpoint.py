@@ -132,6 +132,9 @@ def atomic_dir(out: Path) -> Iterator[Path]:
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the result is an ordinary directory
     try:
         yield tmp
+        for f in tmp.rglob("*"):  # some writers (safetensors) leave private 0600 files
+            if f.is_file():
+                os.chmod(f, 0o666 & ~umask)
         if out.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             out.rename(old / out.name)

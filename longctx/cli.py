@@ -135,6 +135,50 @@ def ruler_prepare(tokenizer, lengths, tasks, samples, seed, template, data_dir, 
     click.echo(f"{len(r.files)} task files ({reused} reused) and {r.out_dir / 'manifest.json'} in {r.out_dir}")
 
 
+@cli.command()
+@click.argument("out", type=click.Path())
+@click.option("--preset", required=True, help="Model shape: tiny (seconds on CPU) or paper-1.7b.")
+@click.option("--attention", required=True,
+              help="baseline (plain Qwen3), elementwise or headwise (the paper's G1 output gate).")
+@click.option("--tokenizer", default="reference", show_default=True,
+              help="reference (Mistral v1 32k SentencePiece from mistral_common), bpe (train a small BPE now), "
+                   "or a local tokenizer directory.")
+@click.option("--vocab-size", "bpe_vocab_size", type=click.IntRange(min=260), default=4096, show_default=True,
+              help="Vocabulary of the BPE trained by --tokenizer bpe.")
+@click.option("--bpe-corpus", type=click.Path(), help="Text file to train --tokenizer bpe on [default: built-in "
+                                                      "word-list corpus].")
+@click.option("--match-params", is_flag=True, help="Shrink a gated model's FFN so its size equals the baseline's.")
+@click.option("--dtype", help="Weights dtype: float32, bfloat16 or float16 [default: float32 for tiny, "
+                              "bfloat16 for paper-1.7b].")
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed of the initialisation.")
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
+def init(out, preset, attention, tokenizer, bpe_vocab_size, bpe_corpus, match_params, dtype, seed, overwrite):
+    """Write a freshly initialised checkpoint (config, safetensors, tokenizer) to OUT."""
+    from longctx.models.presets import init_checkpoint
+
+    r = init_checkpoint(out, preset, attention, tokenizer, match_params, seed, overwrite, dtype, bpe_vocab_size,
+                        bpe_corpus)
+    click.echo(f"wrote {r['output']}")
+    click.echo(f"  {r['architecture']} ({r['attention']}), preset {r['preset']}, {r['dtype']}")
+    click.echo(f"  parameters: {r['parameters']:,} (baseline at this preset: {r['baseline_parameters']:,}), "
+               f"FFN {r['intermediate_size']}, vocab {r['vocab_size']}")
+
+
+@cli.command()
+@click.argument("src")
+@click.argument("out", type=click.Path())
+@click.option("--from", "source", required=True, help="Layout of SRC: official (the paper's released checkpoints).")
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
+def convert(src, out, source, overwrite):
+    """Convert checkpoint SRC from another layout into the longctx gated-attention family at OUT."""
+    from longctx.models.convert import convert_checkpoint
+
+    r = convert_checkpoint(src, out, source, overwrite)
+    click.echo(f"wrote {r['output']}")
+    click.echo(f"  {r['architecture']} ({r['attention']}), {r['parameters']:,} parameters, "
+               f"{r['kv_groups']} query heads per KV head")
+
+
 def main():
     cli()
 

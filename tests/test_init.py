@@ -1,0 +1,136 @@
+"""`longctx init`: presets, attention variants, --match-params, tokenizers, and bad input."""
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from longctx.cli import cli
+from longctx.models.presets import model_config, parameter_count
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.mark.parametrize("attention", ["baseline", "elementwise", "headwise"])
+def test_init_tiny_writes_a_loadable_checkpoint(attention, tmp_path, reference_tokenizer_dir):
+    out = tmp_path / "ckpt"
+    r = run("init", out, "--preset", "tiny", "--attention", attention, "--tokenizer", reference_tokenizer_dir)
+    assert r.exit_code == 0, r.output
+    assert f"wrote {out}" in r.output and "parameters:" in r.output
+    names = sorted(p.name for p in out.iterdir())
+    for name in ("config.json", "generation_config.json", "longctx.json", "model.safetensors", "tokenizer.json",
+                 "tokenizer_config.json"):
+        assert name in names
+    cfg = json.loads((out / "config.json").read_text())
+    gated = attention != "baseline"
+    assert cfg["architectures"] == ["GatedQwen3ForCausalLM" if gated else "Qwen3ForCausalLM"]
+    assert cfg["model_type"] == ("gated_qwen3" if gated else "qwen3")
+    assert (cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["vocab_size"]) == (64, 4, 2,
+                                                                                                            32000)
+    assert cfg["tie_word_embeddings"] is True and cfg["dtype"] == "float32"
+    weights = load_file(out / "model.safetensors")
+    g = weights.get("model.layers.0.self_attn.g_proj.weight")
+    assert (g is None) == (not gated)
+    if gated:
+        assert g.shape == ((4 * 64, 128) if attention == "elementwise" else (4, 128))
+    assert "lm_head.weight" not in weights
+    info = json.loads(run("info", out, "--json").output)
+    assert info["attention"] == {"baseline": "baseline", "elementwise": "gated-elementwise",
+                                 "headwise": "gated-headwise"}[attention]
+    prov = json.loads((out / "longctx.json").read_text())
+    assert prov["verb"] == "init" and prov["args"]["attention"] == attention and prov["source"] is None
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    with torch.no_grad():
+        logits = model(**tok("hello world", return_tensors="pt")).logits
+    assert logits.shape[-1] == 32000 and torch.isfinite(logits).all()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_seed_makes_init_reproducible(tmp_path, reference_tokenizer_dir):
+    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
+        assert run("init", tmp_path / name, "--preset", "tiny", "--attention", "headwise", "--tokenizer",
+                   reference_tokenizer_dir, "--seed", seed).exit_code == 0
+    a, b, c = (load_file(tmp_path / n / "model.safetensors") for n in "abc")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["model.layers.0.self_attn.g_proj.weight"], c["model.layers.0.self_attn.g_proj.weight"])
+
+
+def test_bpe_tokenizer_trained_on_the_spot(tmp_path):
+    out = tmp_path / "bpe"
+    r = run("init", out, "--preset", "tiny", "--attention", "elementwise", "--tokenizer", "bpe", "--vocab-size", 1000)
+    assert r.exit_code == 0, r.output
+    tok = AutoTokenizer.from_pretrained(out)
+    assert len(tok) == 1000 == json.loads((out / "config.json").read_text())["vocab_size"]
+    assert (tok.unk_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
+    text = "The quick brown fox 12345 naïve ∑ {}"
+    assert tok.decode(tok(text)["input_ids"]) == text  # byte-level: every string round-trips
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("abc abd abe\n" * 50)
+    assert run("init", tmp_path / "small", "--preset", "tiny", "--attention", "baseline", "--tokenizer", "bpe",
+               "--vocab-size", 300, "--bpe-corpus", corpus).exit_code == 0
+
+
+def test_reference_tokenizer_is_the_default(tmp_path, reference_tokenizer_dir):
+    r = run("init", tmp_path / "ref", "--preset", "tiny", "--attention", "baseline")
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "ref" / "tokenizer.json").read_bytes() == (reference_tokenizer_dir / "tokenizer.json").read_bytes()
+
+
+def test_paper_preset_shapes_and_match_params():
+    """Qiu et al. 2025, Table 7, 1.7B-28L: hidden 2048, FFN 6144, 16/8 heads, hd 128, tied, RoPE 10k, 4096."""
+    base = model_config("paper-1.7b", "baseline", 32000)
+    assert (base.num_hidden_layers, base.hidden_size, base.intermediate_size, base.num_attention_heads,
+            base.num_key_value_heads, base.head_dim, base.max_position_embeddings) == (28, 2048, 6144, 16, 8, 128, 4096)
+    assert base.tie_word_embeddings and base.rope_parameters == {"rope_type": "default", "rope_theta": 10000}
+    n_base = parameter_count(base)
+    unit = 28 * 3 * 2048  # parameters per FFN unit over all layers
+    for attention, gate in (("elementwise", 16 * 128 * 2048), ("headwise", 16 * 2048)):
+        wide = model_config("paper-1.7b", attention, 32000)
+        assert parameter_count(wide) == n_base + 28 * gate
+        matched = model_config("paper-1.7b", attention, 32000, match_params=True)
+        assert abs(parameter_count(matched) - n_base) <= unit / 2  # equal up to one FFN unit
+        assert matched.intermediate_size < 6144
+    assert model_config("paper-1.7b", "elementwise", 32000, match_params=True).intermediate_size == 5461
+    assert model_config("paper-1.7b", "headwise", 32000, match_params=True).intermediate_size == 6139
+
+
+def test_match_params_cli(tmp_path, reference_tokenizer_dir):
+    r = run("init", tmp_path / "m", "--preset", "tiny", "--attention", "elementwise", "--match-params",
+            "--tokenizer", reference_tokenizer_dir)
+    assert r.exit_code == 0, r.output
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert cfg["intermediate_size"] == 256 - round(4 * 64 * 128 / (3 * 128))
+    n = sum(t.numel() for t in load_file(tmp_path / "m" / "model.safetensors").values())
+    assert abs(n - parameter_count(model_config("tiny", "baseline", 32000))) <= 2 * 3 * 128 / 2
+
+
+@pytest.mark.parametrize("args,message", [
+    (["init", "{root}/new", "--preset", "huge", "--attention", "baseline"], "unknown preset 'huge'"),
+    (["init", "{root}/new", "--preset", "paper-17b", "--attention", "baseline"], "did you mean 'paper-1.7b'"),
+    (["init", "{root}/new", "--preset", "tiny", "--attention", "sideways"], "unknown attention variant 'sideways'"),
+    (["init", "{root}/taken", "--preset", "tiny", "--attention", "baseline"], "already exists; pass --overwrite"),
+    (["init", "{root}/new", "--preset", "tiny", "--attention", "baseline", "--tokenizer", "{root}/nope"],
+     "neither reference nor bpe nor an existing tokenizer directory"),
+    (["init", "{root}/new", "--preset", "tiny", "--attention", "baseline", "--tokenizer", "{root}/taken"],
+     "holds no tokenizer files"),
+    (["init", "{root}/new", "--preset", "tiny", "--attention", "baseline", "--match-params"],
+     "--match-params shrinks a gated model"),
+    (["init", "{root}/new", "--preset", "tiny", "--attention", "headwise", "--dtype", "int3"], "unknown dtype 'int3'"),
+    (["init", "{root}/new", "--attention", "baseline"], "Missing option '--preset'"),
+])
+def test_init_bad_input_is_one_line_exit_2_nothing_written(args, message, tmp_path):
+    root = tmp_path / "bad"
+    root.mkdir()
+    (root / "taken").mkdir()
+    r = run(*[a.format(root=root) for a in args])
+    assert r.exit_code == 2, r.output
+    assert message in r.stderr
+    assert r.stderr.startswith("Error: ") and r.stderr.count("\n") == 1, r.stderr
+    assert sorted(p.name for p in root.iterdir()) == ["taken"]
+    assert list((root / "taken").iterdir()) == []
