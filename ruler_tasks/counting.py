@@ -9,6 +9,9 @@ Three strategies, chosen from the loaded tokenizer's own pipeline description:
   never occur next to each other inside any vocabulary token (a "safe boundary"). Counts are then sums over
   pieces, and repeated pieces (noise sentences, essay sentences, words, "Document i:" lines) are counted
   once. Boundaries that are not safe are never split: the pieces are glued and counted together.
+  Where the vocabulary allows it (`_init_words`), strings are cut with C string operations (before
+  spaces, around digits and punctuation) and counted as sums of cached pieces, one by one
+  (`_c_words`) or many at once (`_c_sum`, used for the field values of `Rows`).
 * ``pretoken`` -- any other BPE/WordPiece/... pipeline without added tokens in the text: the text is
   normalized and pre-tokenized by the tokenizer itself and each pre-token's count is cached (byte-level BPE
   such as GPT-2/Llama-3/Qwen).
@@ -25,7 +28,7 @@ import re
 from collections import Counter
 from typing import Sequence
 
-from ruler_tasks.text import Join, NumberedList, Part, render, truncate
+from ruler_tasks.text import Join, NumberedList, Part, Rows, render, truncate
 
 _BYTE_TOKEN = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
 # candidate cut points inside a piece: before a space, around each digit, at other whitespace
@@ -153,6 +156,84 @@ class TokenCounter:
         if self._anchor is not None:
             self._anchor_count = self.count_text(self._anchor)
         self._model = self.backend.model
+        self._init_words()
+
+    def _init_words(self) -> None:
+        """Set up the word-level path of `_c_many` (`_c_words`), where the vocabulary allows it.
+
+        A cut between characters x and y is safe when x, y are never adjacent inside a vocabulary token
+        (module docstring). `_c_words` cuts a string, in one `str.translate`, at positions that are
+        safe by these rules:
+
+        * before a space: safe when no vocabulary token has anything but the space mark itself right
+          before a space mark (SentencePiece vocabularies: only runs of "▁"), in strings without double
+          spaces and without a literal "▁" before a space;
+        * around a barrier (newline, tab or ASCII punctuation never adjacent to anything inside a
+          vocabulary token): always safe;
+        * around a "cut char" (ASCII punctuation with few partners in vocabulary tokens, like "-"):
+          safe in strings where `_unsafe_re` finds none of its partner pairs;
+        * digits: when no vocabulary token of two or more characters contains a digit and every digit
+          counts the same on its own, each digit is its own piece wherever it stands, and replacing it
+          by "0" keeps the count (so numbers and UUIDs are sums of a few cached pieces).
+        """
+        self._cut_all = self._cut_bar = self._unsafe_re = self._zero = None
+        self._unsafe_cache: dict = {}
+        repl = self._repl
+        if self._unknown_unsafe or repl is None:
+            return
+        left: dict[str, set] = {}
+        right: dict[str, set] = {}
+        for x, y in self._pairs:
+            right.setdefault(x, set()).add(y)
+            left.setdefault(y, set()).add(x)
+        if not left.get(repl, set()) <= {repl}:
+            return
+
+        def chars(cs):  # a regex class of characters (the space mark stands for " " too)
+            cs = set(cs) | ({" "} if repl in cs else set())
+            return "[" + "".join(re.escape(c) for c in sorted(cs)) + "]"
+
+        if "\0" in left or "\0" in right:
+            return  # "\0" marks cuts below
+        bar = {" ": "\0 "}
+        digits = "0123456789"
+        if all(d not in left and d not in right for d in digits):
+            counts = set(self._raw_counts(list(digits)))
+            if len(counts) == 1:
+                bar.update({d: "\x000\x00" for d in digits})
+                self._zero = str.maketrans("123456789", "000000000")
+                self._digit_count = counts.pop()
+        cut = {}
+        self._unsafe_pairs: dict[str, dict[str, set]] = {}  # cut char -> {x: {y: x y is not a safe cut}}
+        for c in "\n\t" + "".join(c for c in map(chr, range(33, 127)) if not c.isalnum()):
+            lc, rc = left.get(c, set()), right.get(c, set())
+            if not lc and not rc:
+                bar[c] = f"\x00{c}\x00"
+            elif len(lc) <= 40 and len(rc) <= 40:
+                cut[c] = f"\x00{c}\x00"
+                u = self._unsafe_pairs[c] = {}
+                for x in lc:
+                    for x2 in ({x, " "} if x == repl else {x}):
+                        u.setdefault(x2, set()).add(c)
+                u.setdefault(c, set()).update(rc)
+        self._chars = chars
+        self._barriers = [c for c in bar if c != " " and c not in digits]
+        self._cut_bar = str.maketrans(bar)
+        self._cut_all = str.maketrans({**bar, **cut})
+        self._unsafe_re = self._unsafe_regex(tuple(cut))
+
+    def _unsafe_regex(self, cut_chars: tuple[str, ...]):
+        """Regex finding a pair of characters around one of `cut_chars` that is not a safe cut."""
+        rx = self._unsafe_cache.get(cut_chars)
+        if rx is None and cut_chars not in self._unsafe_cache:
+            merged: dict[str, set] = {}
+            for c in cut_chars:
+                for x, ys in self._unsafe_pairs[c].items():
+                    merged.setdefault(x, set()).update(ys)
+            # one alternative per first character, so the regex engine skips other characters quickly
+            alts = [re.escape(x) + self._chars(ys) for x, ys in sorted(merged.items())]
+            rx = self._unsafe_cache[cut_chars] = re.compile("|".join(alts)) if alts else None
+        return rx
 
     def _safe(self, a: str, b: str) -> bool:
         key = (a, b)
@@ -188,6 +269,83 @@ class TokenCounter:
         """
         for s in strings:
             self._check_added(s)
+        if self._cut_all is not None:
+            return [self._c_words(s) for s in strings]
+        return self._c_atoms(strings)
+
+    def _c_words(self, s: str) -> int:
+        """Count of `s` (not at the text start): a sum of cached piece counts, cut as `_init_words` says."""
+        if "  " in s or self._repl + " " in s or "\0" in s:
+            return self._c_atoms([s])[0]
+        table = self._cut_all
+        if self._unsafe_re is not None and self._unsafe_re.search(s):
+            table = self._cut_bar
+        pieces = s.translate(table).split("\0")
+        word = self._word
+        try:
+            return sum(map(word.__getitem__, pieces))
+        except KeyError:
+            pass
+        missing = list({w: None for w in pieces if w not in word})
+        if len(word) + len(missing) > 2_000_000:
+            word.clear()
+            missing = list(dict.fromkeys(pieces))
+        for w, c in zip(missing, self._raw_counts(missing)):
+            word[w] = c
+        return sum(map(word.__getitem__, pieces))
+
+    def _c_sum(self, strings: list[str]) -> int:
+        """`sum(self._c_many(strings))`, in bulk with C string operations and no per-string cache.
+
+        The strings are joined by "\0" (never inside a vocabulary token, so it pairs with nothing)
+        and cut exactly as `_c_words` cuts each one: the joined text has a double space or an unsafe
+        pair around a cut char exactly when one of the strings has.
+        """
+        t = "\0".join(strings)
+        if (self._cut_all is None or "  " in t or self._repl + " " in t
+                or t.count("\0") != len(strings) - 1):
+            return sum(self._c_many(strings))
+        for a in self._added:
+            if a in t:
+                raise _Fallback
+        cuts = tuple(c for c in self._unsafe_pairs if c in t)
+        rx = self._unsafe_regex(cuts) if cuts else None
+        if rx is not None:
+            bad = {t.count("\0", 0, m.start()) for m in rx.finditer(t)}  # indexes of strings with one
+            if bad:  # count those one by one (`_c_words` does not cut around their cut chars)
+                rest = [x for i, x in enumerate(strings) if i not in bad]
+                return sum(self._c_many([strings[i] for i in bad])) + (self._c_sum(rest) if rest else 0)
+        total = 0
+        if self._zero is not None:
+            # every digit is a piece of its own with the same count: count them, then cut at each
+            # run of digits (runs collapsed first, so fewer empty pieces are counted below)
+            if t.isascii():
+                t = t.translate(self._zero)  # fast for ASCII text only
+            else:
+                for d in "123456789":
+                    if d in t:
+                        t = t.replace(d, "0")
+            if "0" in t:
+                total += t.count("0") * self._digit_count
+                while "00" in t:
+                    t = t.replace("00", "0")
+                t = t.replace("0", "\0")
+        for c in (*self._barriers, *cuts):
+            if c in t:
+                t = t.replace(c, f"\0{c}\0")
+        cnt = Counter(t.replace(" ", "\0 ").split("\0"))
+        word = self._word
+        missing = [w for w in cnt if w not in word]
+        if missing:
+            if len(word) + len(missing) > 2_000_000:
+                word.clear()
+                missing = list(cnt)
+            for w, c in zip(missing, self._raw_counts(missing)):
+                word[w] = c
+        return total + sum([word[w] * k for w, k in cnt.items()])
+
+    def _c_atoms(self, strings: list[str]) -> list[int]:
+        """`_c_many` without the word-level path: atoms cut by `_ATOM_RE`, glued where not safe."""
         atoms_of = []
         missing = {}
         word = self._word
@@ -243,6 +401,8 @@ class TokenCounter:
                 self._join(st, p)
             elif isinstance(p, NumberedList):
                 self._numlist(st, p)
+            elif isinstance(p, Rows):
+                self._rows(st, p)
             else:  # pragma: no cover
                 raise TypeError(type(p))
         self._flush(st)
@@ -300,6 +460,36 @@ class TokenCounter:
         cache = self._joined_counts(sep, cnt.keys())
         st.total += sum(cache[d] * k for d, k in cnt.items())
         self._push(st, sep + items[n - 1])
+
+    def _rows(self, st: "_State", r: Rows) -> None:
+        """Count `Rows`: the fixed text once per line, the field values in bulk (`_c_sum`).
+
+        When every literal before a field ends with a space (cut right before it), every field is cut
+        right after it and those cuts are safe, the text is the pieces
+        `L0[:-1] | " f1" | L1[:-1] | " f2" | ... | " fm" | Lm + sep + L0[:-1] | " f1" | ... | " fm" | Lm`
+        (L = literals, f = a row's fields), so its count is the sum of theirs.
+        """
+        lit, rows, n = r.literals, r.rows, len(r.rows)
+        fast = n >= 2 and len(lit) >= 2 and lit[-1] != "" and self._cut_all is not None
+        fast = fast and all(len(L) >= 2 and L[-1] == " " and self._safe(L[-2], " ") for L in lit[:-1])
+        cols = list(zip(*rows)) if fast else []
+        if fast and len(cols) == len(lit) - 1 and all(len(col) == n and all(col) for col in cols):
+            for j, col in enumerate(cols):
+                nxt = lit[j + 1][0]
+                if not all(self._safe(c, nxt) for c in {f[-1] for f in col}):
+                    fast = False
+                    break
+        else:
+            fast = False
+        if not fast:
+            self._join(st, Join(r.sep, r.lines()))
+            return
+        self._push(st, lit[0][:-1])
+        self._flush(st)
+        st.total += self._c_sum([" " + f for col in cols for f in col])
+        st.total += n * sum(self._c_many([L[:-1] for L in lit[1:-1]]))
+        st.total += (n - 1) * self._c_many([lit[-1] + r.sep + lit[0][:-1]])[0]
+        self._push(st, lit[-1])
 
     def _numlist(self, st: "_State", nl: NumberedList) -> None:
         words = nl.words

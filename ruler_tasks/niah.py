@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import uuid
 from collections import OrderedDict
 
 from ruler_tasks._common import GenContext, binary_search, fit_sample
 from ruler_tasks.constants import NEEDLE, NOISE_HAYSTACK, TASK_TEMPLATES
 from ruler_tasks.data import essay_haystack
 from ruler_tasks.punkt import sent_tokenize
-from ruler_tasks.rng import fixed_shuffle
+from ruler_tasks.rng import choice_draw, fixed_shuffle, randint_draw, uuid4_str
 from ruler_tasks.templates import split_format
-from ruler_tasks.text import Join, render
+from ruler_tasks.text import Join, Rows, render
 from ruler_tasks.words import niah_keys
 
 # np.round(np.linspace(0, 100, num=40, endpoint=True)).astype(int), as Python ints
@@ -73,25 +72,35 @@ def generate(ctx: GenContext):
         tv = type_v[:-1]
     template = ctx.template.compose(task_t, prefix_t)
 
-    def rand(kind: str) -> str:
-        if kind == "numbers":
-            return str(rng.randint(10**6, 10**7 - 1))
-        if kind == "words":
-            return rng.choice(keys_list)
-        if kind == "uuids":
-            return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+    def drawer(kind: str):
+        """A function drawing one key or value of `kind`, exactly as upstream's draw."""
+        if kind == "numbers":  # str(rng.randint(10**6, 10**7 - 1))
+            number = randint_draw(rng, 10**6, 10**7 - 1)
+            return lambda: str(number())
+        if kind == "words":  # rng.choice(keys_list)
+            return choice_draw(rng, keys_list)
+        if kind == "uuids":  # str(uuid.UUID(int=rng.getrandbits(128), version=4))
+            bits = rng.getrandbits
+            return lambda: uuid4_str(bits(128))
         raise ValueError(kind)
 
+    draw_k, draw_v = drawer(type_k), drawer(type_v)
+
+    # NEEDLE with this type_needle_v, as the literals around {key} and {value} (for Rows)
+    needle_literals = tuple(NEEDLE.replace("{type_needle_v}", type_v).replace("{key}", "{value}").split("{value}"))
+
     def build(num_haystack: int):
-        keys, values, needles = [], [], []
+        keys, values, needles, needle_rows = [], [], [], []
         for _ in range(num_k):
-            keys.append(rand(type_k))
+            keys.append(draw_k())
             value = []
             for _ in range(num_v):
-                value.append(rand(type_v))
+                value.append(draw_v())
                 needles.append(NEEDLE.format(type_needle_v=type_v, key=keys[-1], value=value[-1]))
+                needle_rows.append((keys[-1], value[-1]))
             values.append(value)
         needles = fixed_shuffle(seed, needles)
+        needle_rows = fixed_shuffle(seed, needle_rows)  # the same permutation (same seed and length)
 
         if type_haystack == "essay":
             doc = sents.get(num_haystack)
@@ -107,16 +116,19 @@ def generate(ctx: GenContext):
                 if i - 1 < len(needles):
                     items.append(needles[i - 1])
             context = Join(" ", items)
-        else:
-            if type_haystack == "noise":
-                lines = [NOISE_HAYSTACK] * num_haystack
-            else:
-                lines = [NEEDLE.format(type_needle_v=type_v, key=rand(type_k), value=rand(type_v))
-                         for _ in range(num_haystack)]
+        elif type_haystack == "noise":
+            lines = [NOISE_HAYSTACK] * num_haystack
             indexes = sorted(rng.sample(range(num_haystack), len(needles)), reverse=True)
             for index, element in zip(indexes, needles):
                 lines.insert(index, element)
             context = Join("\n", lines)
+        else:
+            # haystack lines are NEEDLE lines too: kept as (key, value) rows, drawn key first as upstream
+            rows = [(draw_k(), draw_v()) for _ in range(num_haystack)]
+            indexes = sorted(rng.sample(range(num_haystack), len(needles)), reverse=True)
+            for index, element in zip(indexes, needle_rows):
+                rows.insert(index, element)
+            context = Rows("\n", needle_literals, rows)
 
         indices = rng.sample(range(num_k), num_q)
         queries = [keys[i] for i in indices]

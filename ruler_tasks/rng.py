@@ -41,3 +41,58 @@ def fixed_shuffle(seed: int, items: list) -> list:
         return list(items)
     p = fixed_permutation(seed, n)
     return list(itemgetter(*p)(items))
+
+
+def _below_draw(rng: random.Random, n: int, then=None):
+    """A function returning `then(rng._randbelow(n))` (or the bare draw), with CPython's
+    `_randbelow_with_getrandbits` inlined: k = n.bit_length() bits per try, retried while >= n."""
+    getrandbits, k = rng.getrandbits, n.bit_length()
+    if then is None:
+        def draw():
+            r = getrandbits(k)
+            while r >= n:
+                r = getrandbits(k)
+            return r
+    else:
+        def draw():
+            r = getrandbits(k)
+            while r >= n:
+                r = getrandbits(k)
+            return then(r)
+    return draw
+
+
+def _draws_match() -> bool:
+    """Whether `randint(a, b)` is `a + _randbelow(b - a + 1)` and `choice(s)` is `s[_randbelow(len(s))]`,
+    with `_randbelow` as `_below_draw` computes it (CPython's `random`); checked on a stream, not assumed."""
+    r1, r2 = random.Random(7), random.Random(7)
+    seq = range(3, 1000, 7)
+    num, pick = _below_draw(r2, 10**7 - 9), _below_draw(r2, len(seq))
+    return (type(r1)._randbelow is random.Random._randbelow_with_getrandbits
+            and all(r1.randint(10, 10**7) == 10 + num() and r1.choice(seq) == seq[pick()] for _ in range(500))
+            and r1.getstate() == r2.getstate())
+
+
+_FAST_DRAWS = _draws_match()
+
+
+def randint_draw(rng: random.Random, a: int, b: int):
+    """A function making the draw `rng.randint(a, b)` (same value, same RNG state), with less overhead."""
+    if not _FAST_DRAWS or type(rng) is not random.Random or b < a:  # pragma: no cover
+        return lambda: rng.randint(a, b)
+    return _below_draw(rng, b - a + 1, a.__add__)
+
+
+def choice_draw(rng: random.Random, seq):
+    """A function making the draw `rng.choice(seq)` (same value, same RNG state), with less overhead."""
+    if not _FAST_DRAWS or type(rng) is not random.Random or not len(seq):  # pragma: no cover
+        return lambda: rng.choice(seq)
+    return _below_draw(rng, len(seq), getattr(seq, "at", seq.__getitem__))  # `at`: unchecked getitem
+
+
+def uuid4_str(bits: int) -> str:
+    """`str(uuid.UUID(int=bits, version=4))` for a 128-bit `bits`, without building the UUID."""
+    bits = (bits & ~(0xC000 << 48)) | (0x8000 << 48)  # variant RFC 4122
+    bits = (bits & ~(0xF000 << 64)) | (4 << 76)  # version 4
+    h = "%032x" % bits
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"

@@ -42,7 +42,30 @@ class NumberedList:
         return len(self.render())
 
 
-Part = Union[str, Join, NumberedList]
+@dataclass(frozen=True)
+class Rows:
+    """`sep.join(lines)`, each line `literals[0] + row[0] + literals[1] + ... + row[-1] + literals[-1]`.
+
+    Many lines of one template (NIAH's needle haystack): the counter counts the fixed text once and
+    the field values in bulk.
+    """
+
+    sep: str
+    literals: Sequence[str]  # one more than fields per row
+    rows: Sequence[Sequence[str]]
+
+    def lines(self) -> list[str]:
+        lit = self.literals
+        if len(lit) == 3:  # the common case, fast
+            a, b, c = lit
+            return [f"{a}{k}{b}{v}{c}" for k, v in self.rows]
+        return ["".join(x for pair in zip(lit, (*row, "")) for x in pair) for row in self.rows]
+
+    def render(self) -> str:
+        return self.sep.join(self.lines())
+
+
+Part = Union[str, Join, NumberedList, Rows]
 
 
 def render(parts: Sequence[Part]) -> str:
@@ -69,6 +92,16 @@ def truncate(parts: Sequence[Part], nchars: int) -> list[Part]:
             out.append(s[:left])
             left -= min(left, len(s))
             continue
+        if isinstance(p, Rows):  # cut as the Join of its lines; whole lines stay Rows
+            j = Join(p.sep, p.lines())
+            total = j.char_len()
+            if total <= left:
+                out.append(p)
+                left -= total
+                continue
+            for q in truncate([j], left):
+                out.append(Rows(p.sep, p.literals, p.rows[: len(q.items)]) if isinstance(q, Join) else q)
+            break
         # Join
         total = p.char_len()
         if total <= left:

@@ -74,6 +74,10 @@ class AdjNounKeys(Sequence):
             i += self._len
         if not 0 <= i < self._len:
             raise IndexError("AdjNounKeys index out of range")
+        return self.at(i)
+
+    def at(self, i: int) -> str:
+        """`self[i]` for `0 <= i < len(self)` (no checks: the hot path of key draws)."""
         g = bisect.bisect_right(self._starts, i) - 1
         part = self._parts[g]
         off = i - self._starts[g]

@@ -63,16 +63,21 @@ def main() -> None:
     print(f"ruler_tasks.prepare: {args.samples} samples/task, lengths {lengths}, total wall {wall:.1f} s "
           f"(includes imports + tokenizer load once), cpus={os.cpu_count()}")
     print(f"{'length':>7} {'task':<16} {'ours s/sample':>13} {'upstream':>9} {'ratio':>7} {'ours setup s':>12} {'upstream setup':>14}")
-    up_sum = our_sum = 0.0
+    sums: dict[int, list[float]] = {}  # length -> [upstream, ours] over tasks with an upstream figure
     for t in res.timings:
         up = UPSTREAM.get((t.length, t.task))
         ours = t.s_per_sample
         ratio = f"{up[0] / ours:7.1f}" if up and ours > 0 else "      -"
         print(f"{t.length:>7} {t.task:<16} {ours:13.4f} {(f'{up[0]:.3f}' if up else '-'):>9} {ratio} "
               f"{t.setup_s:12.2f} {(f'{up[1]:.1f}' if up else '-'):>14}")
-        if up and t.length == max(lengths):
-            up_sum += up[0]
-            our_sum += ours
+        if up:
+            acc = sums.setdefault(t.length, [0.0, 0.0])
+            acc[0] += up[0]
+            acc[1] += ours
+    for L, (u, o) in sorted(sums.items()):
+        if L != max(lengths) and o > 0:
+            print(f"aggregate at {L}: upstream {u:.3f} s, ours {o:.4f} s, ratio {u / o:.1f}")
+    up_sum, our_sum = sums.get(max(lengths), [0.0, 0.0])
     if our_sum > 0:
         print(f"aggregate over tasks with an upstream figure at {max(lengths)}: upstream {up_sum:.3f} s, ours {our_sum:.4f} s")
         print(f"ratio={up_sum / our_sum:.1f}")

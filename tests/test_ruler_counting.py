@@ -122,3 +122,75 @@ def test_truncate_matches_string_slicing():
         s = render(parts)
         for n in {0, 1, len(s) // 2, len(s) - 1, len(s), len(s) + 3}:
             assert render(truncate(parts, max(n, 0))) == s[:max(n, 0)]
+
+
+# --- word-level and bulk paths (`_c_words`, `_c_sum`, `Rows`) -----------------------------------------
+# Strings that exercise every cut rule: digits (made "0"), cut chars with and without unsafe neighbours
+# ("tam-o'-shanter", " -x", "--", "'s"), non-ASCII text (slow `str.translate` path), double spaces and
+# a literal "▁" before a space (both fall back), a leading space, newlines and tabs (barriers).
+TRICKY = ["fluffy-cat", "tam-o'-shanter", "jalapeño-dip", "3f2a1b4c-9d8e-4a7b-8c6d-5e4f3a2b1c0d", "1234567",
+          "a - b", "x--y", "it's", "(a)", "e.g.", "U.S.", "a  b", "▁ x", " lead", "tab\tbed", "line\nnext",
+          "0", "9.5%", "", "x", "{k}", "a->b", "naïve café", "日本-語", "emoji😀-1"]
+
+
+def _rand_field(r: random.Random) -> str:
+    k = r.random()
+    if k < 0.5:
+        return r.choice(TRICKY)
+    if k < 0.75:
+        return str(r.randint(10**6, 10**7 - 1))
+    return "".join(r.choice("0123456789abcdef-") for _ in range(r.randint(1, 12)))
+
+
+def test_bulk_and_word_counts_equal_full_tokenization(ref_tok):
+    c = TokenCounter(ref_tok)
+    assert c._cut_all is not None and c._zero is not None  # the Mistral vocabulary allows both
+    r = random.Random(11)
+    nl = len(ref_tok.tokenize("\n"))
+    for _ in range(300):
+        strings = [(" " if r.random() < 0.8 else "") + _rand_field(r) for _ in range(r.randint(1, 30))]
+        # not at the text start: after a newline (no vocabulary token contains one, so it is cut off
+        # exactly; the whole-text checks below do not rely on that)
+        want = [len(ref_tok.tokenize("\n" + s)) - nl for s in strings]
+        assert [c._c_words(s) for s in strings] == want, strings
+        assert c._c_sum(strings) == sum(want), strings
+        parts = ["Head:", Join("\n", strings + ["end"])]
+        assert c.count(parts) == len(ref_tok.tokenize(render(parts))), strings
+
+
+def test_rows_count_equal_full_tokenization(ref_tok):
+    from ruler_tasks.constants import NEEDLE
+    from ruler_tasks.text import Rows
+
+    r = random.Random(12)
+    lits = [tuple(NEEDLE.replace("{type_needle_v}", "numbers").replace("{key}", "{value}").split("{value}")),
+            ("A ", " b ", "."), ("", " x ", ""), ("k=", " v=", ";"), ("The ", " and ", " !")]
+    c = TokenCounter(ref_tok)
+    for trial in range(250):
+        lit = r.choice(lits)
+        rows = [(_rand_field(r), _rand_field(r)) for _ in range(r.randint(0, 40))]
+        sep = r.choice(["\n", " ", "\n\n", "-"])
+        parts = [r.choice(["", "Head:", "x\n"]), Rows(sep, lit, rows), r.choice(["", "\nTail?", " t"])]
+        text = render(parts)
+        assert c.count(parts) == len(ref_tok.tokenize(text)), (lit, rows, sep)
+        n = r.randint(0, len(text))
+        assert render(truncate(parts, n)) == text[:n]
+        assert c.count_prefix(parts, n) == len(ref_tok.tokenize(text[:n])), (lit, rows, sep, n)
+
+
+def test_rows_with_other_tokenizer_families(ref_tok):
+    from ruler_tasks.text import Rows
+
+    parts = ["Q:\n", Rows("\n", ("One of the keys for ", " is: ", "."), [("a-b", "123"), ("tam-o'-shanter", "9")] * 20)]
+    tok = _byte_level_bpe()
+    assert TokenCounter(tok).count(parts) == len(tok.tokenize(render(parts)))
+    assert TokenCounter(ref_tok, strategy="full").count(parts) == len(ref_tok.tokenize(render(parts)))
+
+
+def test_bulk_count_wrong_piece_is_caught(ref_tok, monkeypatch):
+    """The bulk path really uses the piece cache: a poisoned piece count changes the result."""
+    c = TokenCounter(ref_tok)
+    strings = [" fluffy-cat", " 1234567"]
+    right = c._c_sum(strings)
+    c._word["-"] += 5
+    assert c._c_sum(strings) == right + 5

@@ -56,3 +56,21 @@ def test_punkt_on_essay_fixture_is_stable():
     sents = sent_tokenize(text)
     assert " ".join(sents) == text  # punkt only splits at spaces here
     assert 200 < len(sents) < 400
+
+
+def test_fast_draws_equal_random_draws():
+    import random
+    import uuid
+
+    from ruler_tasks.rng import choice_draw, randint_draw, uuid4_str
+
+    keys = niah_keys()
+    a, b = random.Random(3), random.Random(3)
+    num, key = randint_draw(b, 10**6, 10**7 - 1), choice_draw(b, keys)
+    for _ in range(2000):
+        assert a.randint(10**6, 10**7 - 1) == num()
+        assert a.choice(keys) == key()
+    assert a.getstate() == b.getstate()
+    for _ in range(2000):
+        bits = a.getrandbits(128)
+        assert uuid4_str(bits) == str(uuid.UUID(int=bits, version=4))
