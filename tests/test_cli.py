@@ -147,3 +147,17 @@ def test_bad_input_is_one_line_exit_2_nothing_written(args, message, tiny_checkp
     assert sorted(p.name for p in root.iterdir()) == before
     assert sorted(p.name for p in tiny_checkpoint.iterdir()) == ckpt_before
     assert not list(tiny_checkpoint.parent.glob(".*tmp*"))
+
+
+@pytest.mark.parametrize("lengths,message", [
+    ("12q", "'12q' in '12q' is not a length (use 32k or 32768"),
+    ("0", "'0' in '0' is not a positive length"),
+    ("-4k", "'-4k' in '-4k' is not a length"),
+    ("4k,4k", "'4k' in '4k,4k' repeats 4096"),
+    ("", "no lengths given"),
+])
+def test_bad_lengths_on_the_command_line(lengths, message, tmp_path):
+    out = tmp_path / "out"
+    r = run("ruler", "prepare", "--tokenizer", tmp_path, "--lengths", lengths, "-o", out)
+    assert r.exit_code == 2 and message in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert not out.exists()
