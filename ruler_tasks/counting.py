@@ -202,6 +202,7 @@ class TokenCounter:
             if len(counts) == 1:
                 bar.update({d: "\x000\x00" for d in digits})
                 self._zero = str.maketrans("123456789", "000000000")
+                self._digit_cut = str.maketrans(dict.fromkeys(digits, "\0"))
                 self._digit_count = counts.pop()
         cut = {}
         self._unsafe_pairs: dict[str, dict[str, set]] = {}  # cut char -> {x: {y: x y is not a safe cut}}
@@ -294,7 +295,7 @@ class TokenCounter:
             word[w] = c
         return sum(map(word.__getitem__, pieces))
 
-    def _c_sum(self, strings: list[str]) -> int:
+    def _c_sum(self, strings: list[str], clean: bool = False) -> int:
         """`sum(self._c_many(strings))`, in bulk with C string operations and no per-string cache.
 
         The strings are joined by "\0" (never inside a vocabulary token, so it pairs with nothing)
@@ -309,31 +310,30 @@ class TokenCounter:
             if a in t:
                 raise _Fallback
         cuts = tuple(c for c in self._unsafe_pairs if c in t)
-        rx = self._unsafe_regex(cuts) if cuts else None
+        rx = self._unsafe_regex(cuts) if cuts and not clean else None
         if rx is not None:
             bad = {t.count("\0", 0, m.start()) for m in rx.finditer(t)}  # indexes of strings with one
             if bad:  # count those one by one (`_c_words` does not cut around their cut chars)
                 rest = [x for i, x in enumerate(strings) if i not in bad]
-                return sum(self._c_many([strings[i] for i in bad])) + (self._c_sum(rest) if rest else 0)
+                # matches never span the "\0" separators, so the rest has none: `clean`
+                return (sum(self._c_many([strings[i] for i in bad]))
+                        + (self._c_sum(rest, clean=True) if rest else 0))
         total = 0
         if self._zero is not None:
-            # every digit is a piece of its own with the same count: count them, then cut at each
-            # run of digits (runs collapsed first, so fewer empty pieces are counted below)
+            # every digit is a piece of its own with the same count: count them and turn each into a
+            # cut ("\0"); the empty pieces this leaves between cuts are no text (0 tokens), dropped below
+            seps = t.count("\0")
             if t.isascii():
-                t = t.translate(self._zero)  # fast for ASCII text only
+                t = t.translate(self._digit_cut)  # fast for ASCII text only
             else:
-                for d in "123456789":
+                for d in "0123456789":
                     if d in t:
-                        t = t.replace(d, "0")
-            if "0" in t:
-                total += t.count("0") * self._digit_count
-                while "00" in t:
-                    t = t.replace("00", "0")
-                t = t.replace("0", "\0")
+                        t = t.replace(d, "\0")
+            total += (t.count("\0") - seps) * self._digit_count
         for c in (*self._barriers, *cuts):
             if c in t:
                 t = t.replace(c, f"\0{c}\0")
-        cnt = Counter(t.replace(" ", "\0 ").split("\0"))
+        cnt = Counter(filter(None, t.replace(" ", "\0 ").split("\0")))
         word = self._word
         missing = [w for w in cnt if w not in word]
         if missing:
@@ -486,7 +486,17 @@ class TokenCounter:
             return
         self._push(st, lit[0][:-1])
         self._flush(st)
-        st.total += self._c_sum([" " + f for col in cols for f in col])
+        rest = []
+        for col in cols:
+            digits = "".join(col)
+            if self._zero is not None and digits.isascii() and digits.isdigit():
+                # a column of ASCII-digit fields (NIAH numbers): by the digit rule (`_init_words`) each
+                # digit is a piece of its own, so " " + field counts as " " plus one per digit
+                st.total += n * self._c_many([" "])[0] + len(digits) * self._digit_count
+            else:
+                rest.extend([" " + f for f in col])
+        if rest:
+            st.total += self._c_sum(rest)
         st.total += n * sum(self._c_many([L[:-1] for L in lit[1:-1]]))
         st.total += (n - 1) * self._c_many([lit[-1] + r.sep + lit[0][:-1]])[0]
         self._push(st, lit[-1])

@@ -8,7 +8,7 @@ from ruler_tasks._common import GenContext, binary_search, fit_sample
 from ruler_tasks.constants import NEEDLE, NOISE_HAYSTACK, TASK_TEMPLATES
 from ruler_tasks.data import essay_haystack
 from ruler_tasks.punkt import sent_tokenize
-from ruler_tasks.rng import choice_draw, fixed_shuffle, randint_draw, uuid4_str
+from ruler_tasks.rng import choice_draw, fixed_shuffle, randint_draw, uuid4_str, uuid4_strs
 from ruler_tasks.templates import split_format
 from ruler_tasks.text import Join, Rows, render
 from ruler_tasks.words import niah_keys
@@ -124,7 +124,11 @@ def generate(ctx: GenContext):
             context = Join("\n", lines)
         else:
             # haystack lines are NEEDLE lines too: kept as (key, value) rows, drawn key first as upstream
-            rows = [(draw_k(), draw_v()) for _ in range(num_haystack)]
+            if type_k == type_v == "uuids":  # the same 2 * num_haystack draws, in bulk (`uuid4_strs`)
+                u = uuid4_strs(rng, 2 * num_haystack)
+                rows = list(zip(u[0::2], u[1::2]))
+            else:
+                rows = [(draw_k(), draw_v()) for _ in range(num_haystack)]
             indexes = sorted(rng.sample(range(num_haystack), len(needles)), reverse=True)
             for index, element in zip(indexes, needle_rows):
                 rows.insert(index, element)

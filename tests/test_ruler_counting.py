@@ -194,3 +194,48 @@ def test_bulk_count_wrong_piece_is_caught(ref_tok, monkeypatch):
     right = c._c_sum(strings)
     c._word["-"] += 5
     assert c._c_sum(strings) == right + 5
+
+
+def test_rows_digit_columns_and_bulk_paths_equal_full_tokenization(ref_tok):
+    """The Rows digit-column shortcut (ASCII digits only), digits cut out in `_c_sum`, and the
+    `clean` rest after strings with an unsafe pair around a cut char: all against full tokenization."""
+    from ruler_tasks.rng import uuid4_strs
+    from ruler_tasks.text import Rows
+
+    c = TokenCounter(ref_tok)
+    r = random.Random(13)
+    lit = ("One of the special magic numbers for ", " is: ", ".")
+    for trial in range(120):
+        n = r.randint(2, 60)
+        keys = [r.choice(["fluffy-cat", "tam-o'-shanter", "jalapeño-dip", "x-ray", "a'-b", "e-book"])
+                for _ in range(n)]
+        kind = trial % 4
+        if kind == 0:
+            vals = [str(r.randint(10**6, 10**7 - 1)) for _ in range(n)]
+        elif kind == 1:
+            vals = [str(r.randint(0, 10**r.randint(1, 12))) for _ in range(n)]
+        elif kind == 2:  # not ASCII digits: no shortcut, still exact
+            vals = [str(r.randint(0, 99)) + r.choice(["", "²", "٣"]) for _ in range(n)]
+        else:
+            keys, vals = uuid4_strs(r, n), uuid4_strs(r, n)
+        parts = ["Head:\n", Rows("\n", lit, list(zip(keys, vals))), "\nTail"]
+        text = render(parts)
+        assert c.count(parts) == len(ref_tok.tokenize(text)), (keys, vals)
+        k = r.randint(0, len(text))
+        assert c.count_prefix(parts, k) == len(ref_tok.tokenize(text[:k]))
+        strings = [" " + x for x in keys + vals]
+        nl = len(ref_tok.tokenize("\n"))
+        assert c._c_sum(strings) == len(ref_tok.tokenize("\n" + "".join(strings))) - nl
+
+
+def test_digit_column_shortcut_is_used(ref_tok):
+    """A column of ASCII-digit fields never reaches `_c_sum` (the shortcut is really taken)."""
+    from ruler_tasks.text import Rows
+
+    c = TokenCounter(ref_tok)
+    seen = []
+    bulk = c._c_sum
+    c._c_sum = lambda strings, clean=False: seen.extend(strings) or bulk(strings, clean)
+    parts = ["H:", Rows("\n", ("k ", " v ", "."), [("ab", "123"), ("cd", "4567")])]
+    assert c.count(parts) == len(ref_tok.tokenize(render(parts)))
+    assert seen == [" ab", " cd"]

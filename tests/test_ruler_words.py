@@ -74,3 +74,20 @@ def test_fast_draws_equal_random_draws():
     for _ in range(2000):
         bits = a.getrandbits(128)
         assert uuid4_str(bits) == str(uuid.UUID(int=bits, version=4))
+
+
+def test_bulk_uuid_draws_equal_per_call_draws():
+    """`uuid4_strs(rng, n)`: the strings and the RNG state of n calls of `uuid.UUID(int=getrandbits(128))`."""
+    import random
+    import uuid
+
+    from ruler_tasks.rng import uuid4_strs
+
+    for n in (0, 1, 2, 3, 17, 1000):
+        a, b = random.Random(n), random.Random(n)
+        a.random()  # any position in the stream
+        b.random()
+        want = [str(uuid.UUID(int=a.getrandbits(128), version=4)) for _ in range(n)]
+        assert uuid4_strs(b, n) == want
+        assert a.getstate() == b.getstate()
+        assert a.random() == b.random()
