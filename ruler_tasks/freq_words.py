@@ -14,7 +14,7 @@ from scipy.special import zeta
 
 from ruler_tasks._common import GenContext
 from ruler_tasks.constants import TASK_TEMPLATES
-from ruler_tasks.rng import fixed_shuffle
+from ruler_tasks.rng import choices_strs, fixed_shuffle
 from ruler_tasks.templates import split_format
 from ruler_tasks.text import Join, render
 
@@ -38,38 +38,39 @@ def generate(ctx: GenContext):
     incremental = max_len // 32
 
     def gen(num_words=-1):
-        vocab = ["".join(rng.choices(_LOWER, k=coded_wordlen)) for _ in range(vocab_size)]
+        vocab = choices_strs(rng, _LOWER, coded_wordlen, vocab_size)  # the same draws, in bulk
         while len(set(vocab)) < vocab_size:
             vocab.append("".join(rng.choices(_LOWER, k=coded_wordlen)))
         vocab = fixed_shuffle(seed, sorted(set(vocab)))
         vocab[0] = "..."
         k = np.arange(1, len(vocab) + 1)
+        # text(n) draws nothing (its shuffle is a fresh Random(seed)), so upstream's rebuilds of the
+        # same n give the same prompt: built and counted once per n (`memo`: n -> (parts, answer, count))
+        memo = {}
 
         def text(n):
-            counts = (n * (k ** -alpha) / z).astype(int)
-            sampled = [w for w, c in zip(vocab, counts.tolist()) for _ in range(c)]
-            return [head, Join(" ", fixed_shuffle(seed, sampled)), tail], vocab[1:4]
+            if n not in memo:
+                counts = (n * (k ** -alpha) / z).astype(int)
+                sampled = [w for w, c in zip(vocab, counts.tolist()) for _ in range(c)]
+                parts = [head, Join(" ", fixed_shuffle(seed, sampled)), tail]
+                memo[n] = (parts, vocab[1:4], ctx.count(parts))
+            return memo[n]
 
         if num_words > 0:
-            parts, answer = text(num_words)
-            while ctx.count(parts) > max_len:
+            while text(num_words)[2] > max_len:
                 num_words -= incremental
-                parts, answer = text(num_words)
         else:
             num_words = max_len // coded_wordlen
-            parts, answer = text(num_words)
-            while ctx.count(parts) < max_len:
+            while text(num_words)[2] < max_len:
                 num_words += incremental
-                parts, answer = text(num_words)
             num_words -= incremental
-        parts, answer = text(num_words)
-        return parts, answer, num_words
+        return text(num_words) + (num_words,)
 
-    _, _, num_example_words = gen()
+    _, _, _, num_example_words = gen()
     ctx.stats["size"] = num_example_words
     for index in range(ctx.num_samples):
-        parts, answer, _ = gen(num_example_words)
-        length = ctx.count(parts) + ttg
+        parts, answer, count, _ = gen(num_example_words)
+        length = count + ttg
         text = render(parts)
         cut = text.rfind(_T["answer_prefix"][:10])
         yield {"index": index, "input": text[:cut], "outputs": answer, "length": length,

@@ -131,3 +131,43 @@ def uuid4_strs(rng: random.Random, n: int) -> list[str]:
     out[:, 19:23], out[:, 24:36] = hexd[:, 16:20], hexd[:, 20:32]
     s = out.tobytes().decode("ascii")
     return [s[i:i + 36] for i in range(0, 36 * n, 36)]
+
+
+def _choices_match() -> bool:
+    """Whether `choices(pop, k=k)` is `[pop[floor(random() * len(pop))] ...]` with `random()` built from
+    two 32-bit words as `random_words` computes it (CPython's `random`); checked on a stream, not assumed."""
+    r1, r2 = random.Random(9), random.Random(9)
+    want = [x for _ in range(50) for x in r1.choices(range(26), k=6)]
+    got = (np_random_floats(r2, 300) * 26.0).astype(int).tolist()
+    return type(r1).random is random.Random.random and want == got and r1.getstate() == r2.getstate()
+
+
+def np_random_floats(rng: random.Random, n: int):
+    """NumPy array of the next n `rng.random()` values (same RNG state after).
+
+    Exact: CPython's `random()` takes two 32-bit words a, b and returns
+    `((a >> 5) * 67108864.0 + (b >> 6)) * (1.0 / 9007199254740992.0)`; `getrandbits(64 * n)` draws the
+    same 2n words in the same order (lowest first), and NumPy does the same float64 operations.
+    """
+    import numpy as np
+
+    w = np.frombuffer(rng.getrandbits(64 * n).to_bytes(8 * n, "little"), dtype="<u4").astype(np.float64)
+    a, b = np.floor(w[0::2] / 32.0), np.floor(w[1::2] / 64.0)  # a >> 5, b >> 6 (exact in float64)
+    return (a * 67108864.0 + b) * (1.0 / 9007199254740992.0)
+
+
+_FAST_CHOICES = None
+
+
+def choices_strs(rng: random.Random, population: str, k: int, n: int) -> list[str]:
+    """`["".join(rng.choices(population, k=k)) for _ in range(n)]`, same values and RNG state after."""
+    global _FAST_CHOICES
+    if _FAST_CHOICES is None:
+        _FAST_CHOICES = _choices_match()
+    if not _FAST_CHOICES or type(rng) is not random.Random or n <= 0 or k <= 0:
+        return ["".join(rng.choices(population, k=k)) for _ in range(max(n, 0))]
+    idx = (np_random_floats(rng, n * k) * float(len(population))).astype(int)  # floor: values >= 0
+    pop = list(population)
+    chars = itemgetter(*idx.tolist())(pop) if n * k > 1 else (pop[int(idx[0])],)
+    s = "".join(chars)
+    return [s[i:i + k] for i in range(0, n * k, k)]

@@ -239,3 +239,71 @@ def test_digit_column_shortcut_is_used(ref_tok):
     parts = ["H:", Rows("\n", ("k ", " v ", "."), [("ab", "123"), ("cd", "4567")])]
     assert c.count(parts) == len(ref_tok.tokenize(render(parts)))
     assert seen == [" ab", " cd"]
+
+
+def test_rows_prefix_reuses_block_sums_exactly(ref_tok):
+    """`count_prefix` of a large Rows just counted reuses its block sums (`_rows_fields`): every cut
+    point, and rows that only look like a prefix (same length, one field changed), match full tokenization."""
+    from ruler_tasks.counting import _ROWS_BLOCK
+    from ruler_tasks.rng import uuid4_strs
+    from ruler_tasks.text import Rows
+
+    c = TokenCounter(ref_tok)
+    r = random.Random(14)
+    lit = ("One of the special magic uuids for ", " is: ", ".")
+    for trial in range(4):
+        n = 2 * _ROWS_BLOCK + r.randint(0, 3 * _ROWS_BLOCK)
+        if trial % 2:
+            rows = list(zip(uuid4_strs(r, n), uuid4_strs(r, n)))
+        else:
+            rows = [(r.choice(["fluffy-cat", "x-ray", "jalapeño-dip"]), str(r.randint(10**6, 10**7 - 1)))
+                    for _ in range(n)]
+        parts = ["Head:\n", Rows("\n", lit, rows), "\nTail"]
+        text = render(parts)
+        assert c.count(parts) == len(ref_tok.tokenize(text))
+        assert c._rows_last is not None and c._rows_last[0] == rows
+        for k in [r.randint(0, len(text)) for _ in range(6)] + [len(text) - 1, len(text)]:
+            assert c.count_prefix(parts, k) == len(ref_tok.tokenize(text[:k])), k
+        # a different last field in a prefix-length list: its block sums must not be reused wrongly
+        m = r.randint(_ROWS_BLOCK + 1, n)
+        other = rows[: m - 1] + [(rows[m - 1][0], rows[m - 1][1] + "ab9")]
+        p2 = ["Head:\n", Rows("\n", lit, other)]
+        assert c.count(p2) == len(ref_tok.tokenize(render(p2)))
+        # the caller changing its list after counting does not change what is reused
+        c.count(parts)
+        rows[0] = ("changed-key", rows[0][1])
+        p3 = ["Head:\n", Rows("\n", lit, rows[:m])]
+        assert c.count(p3) == len(ref_tok.tokenize(render(p3)))
+
+
+def test_rows_prefix_block_sums_are_used(ref_tok):
+    """The reuse really happens: a poisoned block sum shows up in the prefix count."""
+    from ruler_tasks.counting import _ROWS_BLOCK
+    from ruler_tasks.text import Rows
+
+    c = TokenCounter(ref_tok)
+    rows = [("key-%d" % i, "v%d" % i) for i in range(3 * _ROWS_BLOCK)]
+    parts = ["H:\n", Rows("\n", ("k ", " v ", "."), rows)]
+    text = render(parts)
+    c.count(parts)
+    k = len(render(["H:\n", Rows("\n", ("k ", " v ", "."), rows[: 2 * _ROWS_BLOCK + 5])]))
+    right = len(ref_tok.tokenize(text[:k]))
+    assert c.count_prefix(parts, k) == right
+    c._rows_last[1][2] += 7
+    assert c.count_prefix(parts, k) == right + 7
+
+
+def test_choices_strs_equal_per_call_draws():
+    """`choices_strs` (bulk `random()` values from `getrandbits`) gives `rng.choices`' strings and state."""
+    import string
+
+    from ruler_tasks.rng import _choices_match, choices_strs
+
+    assert _choices_match()
+    for seed, k, n in [(0, 6, 2621), (1, 1, 1), (2, 3, 7), (3, 10, 500), (4, 6, 0)]:
+        r1, r2 = random.Random(seed), random.Random(seed)
+        r1.random(), r2.random()  # not at a fresh state
+        want = ["".join(r1.choices(string.ascii_lowercase, k=k)) for _ in range(n)]
+        assert choices_strs(r2, string.ascii_lowercase, k, n) == want
+        assert r1.getstate() == r2.getstate()
+        assert r1.random() == r2.random()
