@@ -12,7 +12,7 @@ import click
 
 from longctx import __version__
 from longctx.errors import InputError
-from longctx.params import FACTOR, LENGTHS
+from longctx.params import FACTOR, LENGTHS, NUMBER
 from ruler_tasks.errors import RulerInputError
 
 
@@ -107,9 +107,28 @@ def yarn(checkpoint, factor, original, output, rescale, overwrite, beta_fast, be
     click.echo(f"  {r['vllm_serve_overrides']}")
 
 
-@cli.group()
+class _DefaultCommandGroup(click.Group):
+    """A group whose first argument, when it is not a subcommand name, goes to `default_command`:
+    `longctx ruler CKPT ...` means `longctx ruler run CKPT ...`, while `longctx ruler prepare ...` still works."""
+
+    default_command = "run"
+
+    def parse_args(self, ctx, args):
+        if args and args[0] not in self.commands and args[0] not in ctx.help_option_names:
+            args = [self.default_command, *args]
+        return super().parse_args(ctx, args)
+
+
+@cli.group(cls=_DefaultCommandGroup)
 def ruler():
-    """RULER: the 13 synthetic long-context tasks (NVIDIA/RULER @ c3f5e3b)."""
+    """RULER: the 13 synthetic long-context tasks (NVIDIA/RULER @ c3f5e3b).
+
+    \b
+    Evaluate a checkpoint (same as 'longctx ruler run CKPT ...'):
+      longctx ruler CKPT --lengths 4k,8k,16k,32k,64k,128k --data-dir DATA -o RUN_DIR
+    Only write the task files:
+      longctx ruler prepare --tokenizer CKPT --lengths 4k,8k --data-dir DATA -o TASKS_DIR
+    """
 
 
 @ruler.command("prepare")
@@ -133,6 +152,85 @@ def ruler_prepare(tokenizer, lengths, tasks, samples, seed, template, data_dir, 
     r = prepare(tokenizer, lengths, tasks, samples, seed, template, data_dir, essay, squad, hotpotqa, output)
     reused = sum(t.reused for t in r.timings)
     click.echo(f"{len(r.files)} task files ({reused} reused) and {r.out_dir / 'manifest.json'} in {r.out_dir}")
+
+
+@ruler.command("run")
+@click.argument("checkpoint")
+@click.option("--lengths", type=LENGTHS, required=True, help="Context lengths, e.g. 4k,8k,16k,32k,64k,128k (k/K = x1024).")
+@click.option("--tasks", help="Comma-separated task names [default: all 13].")
+@click.option("--samples", type=click.IntRange(min=1), default=500, show_default=True, help="Samples per task and length.")
+@click.option("--seed", type=int, default=42, show_default=True, help="Task generation seed.")
+@click.option("--template", type=click.Choice(["base", "chat"]), default="base", show_default=True,
+              help="base: RULER's plain prompt; chat: the tokenizer's chat template.")
+@click.option("--data-dir", type=click.Path(), help="Folder with essay.json, squad.json and hotpotqa.json.")
+@click.option("--essay", help="Essay haystack: a file or hf:<dataset id>.")
+@click.option("--squad", help="SQuAD v2.0 dev (for qa_1): a file or hf:<dataset id>.")
+@click.option("--hotpotqa", help="HotpotQA dev-distractor (for qa_2): a file or hf:<dataset id>.")
+@click.option("-o", "--output", required=True, type=click.Path(),
+              help="Run directory: tasks, predictions, results (a rerun resumes it).")
+@click.option("--backend", default="vllm", show_default=True,
+              help="vllm (offline engine here), openai (an OpenAI-compatible server) or hf (transformers).")
+@click.option("--dtype", default="auto", show_default=True, help="vllm/hf: weights dtype (auto, bfloat16, float32, ...).")
+@click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=1, show_default=True, help="vllm.")
+@click.option("--data-parallel-size", type=click.IntRange(min=1), default=1, show_default=True, help="vllm.")
+@click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), help="vllm: share of GPU memory.")
+@click.option("--kv-cache-memory", type=NUMBER, help="vllm: KV-cache size in bytes (e.g. 8e9), instead of the share.")
+@click.option("--enforce-eager", is_flag=True, help="vllm: no CUDA graphs.")
+@click.option("--base-url", help="openai: endpoint, e.g. http://127.0.0.1:8000/v1 (key from OPENAI_API_KEY).")
+@click.option("--served-model", help="openai: model name on the server [default: the first it serves].")
+@click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True, help="openai: requests in flight.")
+@click.option("--plot/--no-plot", default=True, show_default=True, help="Write results.png (needs longctx[plot]).")
+def ruler_run(checkpoint, lengths, tasks, samples, seed, template, data_dir, essay, squad, hotpotqa, output, backend,
+              dtype, tensor_parallel_size, data_parallel_size, gpu_memory_utilization, kv_cache_memory, enforce_eager,
+              base_url, served_model, concurrency, plot):
+    """Evaluate CHECKPOINT on RULER: task files, greedy predictions, upstream scoring, tables and a plot.
+
+    Resumable: rerun the same command to continue. Writes results.json, results.md, results.csv and
+    results.png to the run directory and prints RULER's README table.
+    """
+    from longctx.eval.backends import check_backend
+    from longctx.eval.runner import run_ruler
+    from longctx.report import write_report
+
+    check_backend(backend)
+    opts = {"dtype": dtype, "tensor_parallel_size": tensor_parallel_size, "data_parallel_size": data_parallel_size,
+            "gpu_memory_utilization": gpu_memory_utilization, "enforce_eager": enforce_eager,
+            "kv_cache_memory": int(kv_cache_memory) if kv_cache_memory else None,
+            "base_url": base_url, "model": served_model, "concurrency": concurrency}
+    if backend == "openai" and not base_url:
+        raise InputError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
+    click.echo(f"lengths: {', '.join(map(str, lengths))}")
+    r = run_ruler(checkpoint, lengths, output, tasks=tasks, samples=samples, seed=seed, template=template,
+                  data_dir=data_dir, essay=essay, squad=squad, hotpotqa=hotpotqa, backend=backend,
+                  backend_options={k: v for k, v in opts.items() if v is not None}, log=click.echo)
+    rep = write_report(output, plot=plot)
+    click.echo("")
+    click.echo(rep.markdown)
+    click.echo("")
+    for note in rep.notes:
+        click.echo(f"note: {note}")
+    t = r.timings
+    click.echo(f"{t['new_predictions']} new predictions ({t['reused_predictions']} reused) in {t['generate_s']:.1f} s; "
+               f"total {t['total_s']:.1f} s")
+    click.echo(f"results in {output}: {', '.join(p.name for p in rep.files)}")
+
+
+@cli.command()
+@click.argument("runs", nargs=-1, required=True, type=click.Path())
+@click.option("--baseline", type=click.Path(), help="A run every other run is compared against (its Avg.).")
+@click.option("--reference", type=LENGTHS, help="Reference length of the degradation columns [default: the longest "
+                                                "length every run had before extension].")
+@click.option("-o", "--output", type=click.Path(), help="Also write compare.md, compare.csv and compare.png here.")
+def compare(runs, baseline, reference, output):
+    """Compare RULER runs: a row per run, a column per length, degradation vs a reference length and parent."""
+    from longctx.report import compare as compare_runs
+
+    if reference is not None and len(reference) != 1:
+        raise InputError("--reference takes one length (e.g. 32k)")
+    c = compare_runs(list(runs), baseline, reference[0] if reference else None, output)
+    click.echo(c.markdown)
+    if output:
+        click.echo(f"wrote {', '.join(str(p) for p in c.files)}")
 
 
 @cli.command()

@@ -1,0 +1,77 @@
+"""Prediction JSONL per (length, task): appended and flushed per line, resumable.
+
+A line is `{"index", "pred", "outputs", "length", "task", "max_length", "prompt_tokens"}`. On reopen a
+torn last line (a run killed mid-write) is cut off, and indices already present are skipped, so a
+resumed run neither loses nor duplicates a prediction.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def read_predictions(path: Path) -> dict[int, dict]:
+    """index -> record for the complete lines of `path` (first record wins on a duplicate index)."""
+    out: dict[int, dict] = {}
+    if not path.is_file():
+        return out
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.endswith("\n"):
+                break  # torn last line
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            out.setdefault(int(rec["index"]), rec)
+    return out
+
+
+def _repair(path: Path) -> None:
+    """Cut a torn last line (no trailing newline) so appends start on a fresh line."""
+    if not path.is_file():
+        return
+    size = path.stat().st_size
+    if size == 0:
+        return
+    with open(path, "rb+") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) == b"\n":
+            return
+        # find the last newline
+        pos = size
+        block = 1 << 16
+        while pos > 0:
+            start = max(0, pos - block)
+            f.seek(start)
+            chunk = f.read(pos - start)
+            i = chunk.rfind(b"\n")
+            if i >= 0:
+                f.truncate(start + i + 1)
+                return
+            pos = start
+        f.truncate(0)
+
+
+class PredictionWriter:
+    """Append-only writers for many files, one line per prediction, flushed at once."""
+
+    def __init__(self):
+        self._files: dict[Path, object] = {}
+
+    def write(self, path: Path, record: dict) -> None:
+        f = self._files.get(path)
+        if f is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _repair(path)
+            f = open(path, "a", encoding="utf-8", newline="\n")
+            self._files[path] = f
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()

@@ -1,0 +1,226 @@
+"""`longctx ruler CKPT ...`: the runner with real tiny models (hf, vllm, a real `vllm serve`), resume,
+run-directory binding, bad inputs, and `longctx compare` over real runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import require_vllm
+
+from longctx.cli import cli
+from longctx.errors import InputError
+from longctx.eval.runner import run_ruler
+from longctx.report import load_results, write_report
+
+TASKS = "niah_single_1,vt"
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="session")
+def ruler_checkpoint(tmp_path_factory, reference_tokenizer_dir):
+    """A tiny random Qwen3 (fp32) with a 4096-token context: long enough for RULER's 2k tasks."""
+    from longctx.models.presets import write_tiny_qwen3
+
+    return write_tiny_qwen3(tmp_path_factory.mktemp("rck") / "tiny4k", reference_tokenizer_dir,
+                            max_position_embeddings=4096)
+
+
+@pytest.fixture(scope="session")
+def gated_yarn_checkpoint(tmp_path_factory, reference_tokenizer_dir):
+    """A tiny gated-attention (headwise) model trained-length 2048, YaRN x2 -> 4096: the plugin + YaRN path."""
+    from longctx.models.presets import init_checkpoint
+    from longctx.rope import yarn_checkpoint
+
+    root = tmp_path_factory.mktemp("gck")
+    init_checkpoint(root / "gated", "tiny", "headwise", tokenizer=str(reference_tokenizer_dir),
+                    max_position_embeddings=2048)
+    yarn_checkpoint(root / "gated", 2.0, root / "gated-yarn2x")
+    return root / "gated-yarn2x"
+
+
+class Stop(Exception):
+    pass
+
+
+def test_hf_run_resumes_without_loss_or_duplicates(ruler_checkpoint, tmp_path):
+    out = tmp_path / "run"
+    seen = []
+
+    def stop_after_two(rec):
+        seen.append((rec["max_length"], rec["task"], rec["index"]))
+        if len(seen) == 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        run_ruler(ruler_checkpoint, [2048], out, tasks=TASKS, samples=3, backend="hf", progress=False,
+                  on_prediction=stop_after_two)
+    first = lines(out / "pred" / "2048" / "niah_single_1.jsonl")
+    task_index = {t: [x["index"] for x in lines(out / "tasks" / "2048" / f"{t}.jsonl")] for t in ("niah_single_1", "vt")}
+    assert [r["index"] for r in first] == task_index["niah_single_1"][:2]  # upstream's NIAH indices are not 0..n
+    assert set(first[0]) == {"index", "pred", "outputs", "length", "task", "max_length", "prompt_tokens"}
+    # a kill in the middle of a write leaves a torn line: it is cut, its sample predicted again
+    with open(out / "pred" / "2048" / "niah_single_1.jsonl", "a") as f:
+        f.write(f'{{"index": {task_index["niah_single_1"][2]}, "pred": "torn')
+    r = run_ruler(ruler_checkpoint, [2048], out, tasks=TASKS, samples=3, backend="hf", progress=False)
+    assert (r.reused_predictions, r.new_predictions) == (2, 4)
+    for task in ("niah_single_1", "vt"):
+        recs = lines(out / "pred" / "2048" / f"{task}.jsonl")
+        assert sorted(x["index"] for x in recs) == sorted(task_index[task])
+    assert [x["pred"] for x in lines(out / "pred" / "2048" / "niah_single_1.jsonl")][:2] == [x["pred"] for x in first]
+    scores = json.loads((out / "scores.json").read_text())
+    assert {(s["task"], s["samples"]) for s in scores["scores"]} == {("niah_single_1", 3), ("vt", 3)}
+    # a third run has nothing left to predict
+    again = run_ruler(ruler_checkpoint, [2048], out, tasks=TASKS, samples=3, backend="hf", progress=False)
+    assert (again.reused_predictions, again.new_predictions) == (6, 0)
+    # bound to the checkpoint, task settings and backend
+    with pytest.raises(InputError, match="different --seed"):
+        run_ruler(ruler_checkpoint, [2048], out, tasks=TASKS, samples=3, seed=1, backend="hf", progress=False)
+    with pytest.raises(InputError, match="different --samples"):
+        run_ruler(ruler_checkpoint, [2048], out, tasks=TASKS, samples=2, backend="hf", progress=False)
+    with pytest.raises(InputError, match="different --backend"):
+        run_ruler(ruler_checkpoint, [2048], out, tasks=TASKS, samples=3, backend="vllm", progress=False)
+    # a new length in the same directory is fine (same task settings): it is added
+    rep = write_report(out)
+    assert load_results(out)["lengths"] == [2048] and rep.results["samples"]["vt"][2048] == 3
+
+
+def test_cli_run_default_command_and_bad_inputs(ruler_checkpoint, tmp_path, reference_tokenizer_dir):
+    from longctx.models.presets import write_tiny_qwen3
+
+    out = tmp_path / "run"
+    base = ["ruler", ruler_checkpoint, "--lengths", "1k", "--tasks", "vt", "--samples", "2", "--backend", "hf",
+            "-o", out]
+    r = run(*base)
+    assert r.exit_code == 0, r.output
+    assert "lengths: 1024" in r.output and "| Models | Claimed Length | Effective Length | 1K |" in r.output
+    assert "results.json, results.md, results.csv, results.png" in r.output
+    assert json.loads((out / "results.json").read_text())["model"]["context_length"] == 4096
+    other = write_tiny_qwen3(tmp_path / "other", reference_tokenizer_dir, seed=1, max_position_embeddings=4096)
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    cases = [
+        (["ruler", other, *base[2:]], "was made for another checkpoint"),
+        (["ruler", ruler_checkpoint, "--lengths", "8k", "-o", tmp_path / "x"], "longctx yarn"),
+        ([*base[:-4], "--backend", "tgi", "-o", tmp_path / "y"], "unknown backend 'tgi'"),
+        ([*base[:-4], "--backend", "openai", "--base-url", f"http://127.0.0.1:{port}/v1", "-o", tmp_path / "z"],
+         "unreachable after 3 attempts"),
+        (["ruler", ruler_checkpoint, "--lengths", "1k", "--tasks", "vt", "-o", ruler_checkpoint / "run"],
+         "overlap the checkpoint"),
+        (["ruler", ruler_checkpoint, "--lengths", "1k", "--tasks", "vt", "-o", reference_tokenizer_dir],
+         "not a longctx ruler run directory"),
+        (["compare", out, tmp_path], "has no results.json"),
+    ]
+    for args, message in cases:
+        t0 = time.perf_counter()
+        r = run(*args)
+        assert r.exit_code == 2, (args, r.output)
+        assert message in r.stderr and r.stderr.startswith("Error: ") and r.stderr.count("\n") == 1, r.stderr
+        assert time.perf_counter() - t0 < 15
+    assert not (tmp_path / "z").exists() and not (tmp_path / "y").exists()
+    r = run("ruler", "--help")
+    assert r.exit_code == 0 and "prepare" in r.output and "run" in r.output and "longctx ruler CKPT" in r.output
+
+
+@pytest.mark.slow
+def test_vllm_gated_yarn_matches_bare_generate_and_hf_token_counts(gated_yarn_checkpoint, tmp_path, vllm_engines):
+    """The vllm backend on a gated (plugin) YaRN checkpoint: same texts as a bare `LLM.generate` of the same
+    prompts, and the same prompt token counts as the hf backend; max_model_len is derived and checked."""
+    vllm = require_vllm()
+    llm = vllm_engines.get(gated_yarn_checkpoint, max_model_len=4096)
+    out = tmp_path / "vllm"
+    r = run_ruler(gated_yarn_checkpoint, [2048, 4096], out, tasks=TASKS, samples=2, backend="vllm", engine=llm,
+                  progress=False)
+    assert r.max_model_len == 4096 and r.new_predictions == 8
+    prompts, params, preds = [], [], []
+    for L in (2048, 4096):
+        for task, budget in (("niah_single_1", 128), ("vt", 30)):
+            rows = lines(out / "tasks" / str(L) / f"{task}.jsonl")
+            got = {x["index"]: x for x in lines(out / "pred" / str(L) / f"{task}.jsonl")}
+            for row in rows:
+                prompts.append(row["input"] + row["answer_prefix"])
+                params.append(vllm.SamplingParams(temperature=0.0, top_p=1.0, max_tokens=budget))
+                preds.append(got[row["index"]])
+    bare = llm.generate(prompts, params, use_tqdm=False)
+    assert [b.outputs[0].text for b in bare] == [p["pred"] for p in preds]
+    assert [len(b.prompt_token_ids) for b in bare] == [p["prompt_tokens"] for p in preds]
+    assert all(p["prompt_tokens"] + sp.max_tokens <= 4096 for p, sp in zip(preds, params))
+    assert max(p["prompt_tokens"] for p in preds) > 3800  # the 4k samples really are long
+    rep = write_report(out)
+    assert rep.results["model"]["yarn_factor"] == 2.0 and rep.results["model"]["parent_fingerprint"]
+    # the hf backend counts the same prompt tokens (BOS included) on the same task files
+    hf_out = tmp_path / "hf"
+    run_ruler(gated_yarn_checkpoint, [2048], hf_out, tasks="vt", samples=2, backend="hf", progress=False)
+    assert [x["prompt_tokens"] for x in lines(hf_out / "pred" / "2048" / "vt.jsonl")] == \
+        [x["prompt_tokens"] for x in lines(out / "pred" / "2048" / "vt.jsonl")]
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.mark.slow
+def test_openai_backend_against_a_real_vllm_serve(gated_yarn_checkpoint, tmp_path):
+    require_vllm()
+    port = _free_port()
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OPENAI_API_KEY": "sk-test-not-stored"}
+    log = open(tmp_path / "serve.log", "w")
+    # `vllm serve` itself; the `vllm` console script of vllm-cpu looks up the wrong distribution name
+    proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
+                             str(gated_yarn_checkpoint), "--host", "127.0.0.1", "--port",
+                             str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096",
+                             "--seed", "0", "--served-model-name", "tiny"], stdout=log, stderr=subprocess.STDOUT,
+                            env=env)
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail("vllm serve did not come up:\n" + (tmp_path / "serve.log").read_text()[-3000:])
+                time.sleep(1)
+        out = tmp_path / "run"
+        r = run("ruler", gated_yarn_checkpoint, "--lengths", "2k", "--tasks", TASKS, "--samples", "3", "--backend",
+                "openai", "--base-url", f"http://127.0.0.1:{port}/v1", "--concurrency", "4", "-o", out)
+        assert r.exit_code == 0, r.output
+        res = load_results(out)
+        assert res["backend"]["model"] == "tiny" and res["samples"]["vt"][2048] == 3
+        assert "sk-test" not in "".join(p.read_text() for p in out.rglob("*.json*"))
+        recs = lines(out / "pred" / "2048" / "niah_single_1.jsonl")
+        assert len({x["index"] for x in recs}) == 3 and all(x["prompt_tokens"] for x in recs)
+        # the same task files through hf: identical prompt token counts (raw prompt, BOS added by the server)
+        hf = tmp_path / "hf"
+        run_ruler(gated_yarn_checkpoint, [2048], hf, tasks="niah_single_1", samples=3, backend="hf", progress=False)
+        assert sorted((x["index"], x["prompt_tokens"]) for x in lines(hf / "pred" / "2048" / "niah_single_1.jsonl")) \
+            == sorted((x["index"], x["prompt_tokens"]) for x in recs)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()

@@ -1,0 +1,86 @@
+"""results.json aggregation, tables and compare (pure Python, from hand-written result files)."""
+
+import json
+
+import pytest
+
+from longctx.errors import InputError
+from longctx.report import aggregate, compare, length_label, load_results, summary_markdown, write_report
+
+LENGTHS = [4096, 8192, 16384, 32768, 65536, 131072]
+
+
+def test_aggregate_matches_published_rows():
+    # RULER README, Llama3.1-8B-Instruct: 95.5 93.8 91.6 87.4 84.7 77.0 | 88.3 | 85.4 | 91.3, effective 32K
+    a = aggregate(dict(zip(LENGTHS, [95.5, 93.8, 91.6, 87.4, 84.7, 77.0])))
+    assert (a["avg"], a["wavg_inc"], a["wavg_dec"], a["effective_length"]) == (88.33, 85.38, 91.29, 32768)
+    # GPT-4-1106-preview: 96.6 96.3 95.2 93.2 87.0 81.2 | 91.6 | 89.0 | 94.1, effective 64K
+    g = aggregate(dict(zip(LENGTHS, [96.6, 96.3, 95.2, 93.2, 87.0, 81.2])))
+    assert (round(g["avg"], 1), round(g["wavg_inc"], 1), round(g["wavg_dec"], 1)) == (91.6, 89.0, 94.1)
+    assert g["effective_length"] == 65536
+    # nothing passes; a length not run (None) is left out of every mean
+    n = aggregate({4096: 50.0, 8192: None, 16384: 40.0})
+    assert (n["avg"], n["effective_length"], n["wavg_inc"]) == (45.0, None, round((50 + 2 * 40) / 3, 2))
+
+
+def _scores_doc(name, fp, per_task, samples=10, trained=32768, context=32768, parent=None, tasks=None):
+    tasks = tasks or list(per_task)
+    lengths = sorted({L for row in per_task.values() for L in row})
+    return {
+        "model": {"name": name, "fingerprint": fp, "trained_length": trained, "context_length": context,
+                  "parent_fingerprint": parent},
+        "backend": {"name": "vllm"}, "sampling": {"temperature": 0.0}, "template": {"name": "base"},
+        "upstream": "NVIDIA/RULER@c3f5e3b", "task_set": "t" * 8, "lengths": lengths, "tasks": tasks,
+        "scores": [{"task": t, "length": L, "metric": "string_match_all", "score": s, "nulls": 1, "samples": samples}
+                   for t, row in per_task.items() for L, s in row.items()],
+        "seeds": {"tasks": 42, "engine": 0}, "versions": {}, "task_versions": {t: "1" for t in tasks},
+        "timings": {"total_s": 1.0},
+    }
+
+
+def _run(tmp_path, dirname, doc):
+    d = tmp_path / dirname
+    d.mkdir()
+    (d / "scores.json").write_text(json.dumps(doc))
+    return d, write_report(d)
+
+
+def test_write_report_files_and_tables(tmp_path):
+    d, rep = _run(tmp_path, "run", _scores_doc("tiny", "a", {"niah_single_1": {4096: 100.0, 8192: 80.0},
+                                                              "vt": {4096: 90.0, 8192: 60.0}}))
+    r = load_results(d)
+    assert r["per_length"] == {4096: 95.0, 8192: 70.0} and r["scores"]["vt"][8192] == 60.0
+    assert (r["avg"], r["effective_length"], r["threshold"]) == (82.5, 4096, 85.6)
+    raw = json.loads((d / "results.json").read_text())
+    assert raw["scores"]["vt"] == {"4096": 90.0, "8192": 60.0} and raw["format"] == "longctx-ruler-results/1"
+    md = (d / "results.md").read_text()
+    assert "| Models | Claimed Length | Effective Length | 4K | 8K | Avg. | wAvg. (inc) | wAvg. (dec) |" in md
+    assert "| tiny | 32K | 4K | 95.00 | 70.00 | 82.50 | 78.33 | 86.67 |" in md
+    assert "| nulls |  | 2/20 | 2/20 |" in md
+    assert (d / "results.csv").read_text().splitlines() == [
+        "task,metric,4096,8192", "niah_single_1,string_match_all,100.0,80.0", "vt,string_match_all,90.0,60.0",
+        "mean,,95.0,70.0"]
+    assert (d / "results.png").read_bytes()[:4] == b"\x89PNG"
+    assert length_label(131072) == "128K" and length_label(3000) == "3000"
+    assert summary_markdown([r]).count("\n") == 2
+
+
+def test_compare_shared_tasks_lengths_parent_and_baseline(tmp_path):
+    base, _ = _run(tmp_path, "base", _scores_doc(
+        "base", "fp-base", {"vt": {4096: 90.0, 8192: 80.0}, "cwe": {4096: 70.0, 8192: 60.0}}))
+    child, _ = _run(tmp_path, "child", _scores_doc(
+        "base-yarn4x", "fp-child", {"vt": {4096: 80.0, 8192: 70.0, 16384: 50.0}}, samples=5,
+        context=131072, parent="fp-base"))
+    c = compare([base, child], baseline=base, out_dir=tmp_path / "cmp")
+    assert c.tasks == ["vt"] and c.lengths == [4096, 8192] and c.reference == 8192
+    assert c.per_length["base-yarn4x"] == {4096: 80.0, 8192: 70.0}
+    assert any("left out: cwe" in n for n in c.notes) and any("left out: 16K" in n for n in c.notes)
+    assert any("sample counts differ" in n for n in c.notes)
+    assert "| base-yarn4x | 80.00 | 70.00 | 75.00 | -10.00 (base) | -10.00 |" in c.markdown
+    c2 = compare([base, child], reference=4096)
+    assert "Δ8K vs 4K" in c2.markdown and "| base | 90.00 | 80.00 | 85.00 | -10.00 |" in c2.markdown
+    assert sorted(p.name for p in c.files) == ["compare.csv", "compare.md", "compare.png"]
+    with pytest.raises(InputError, match="is not a length every run has"):
+        compare([base, child], reference=16384)
+    with pytest.raises(InputError, match="has no results.json"):
+        compare([base, tmp_path])
