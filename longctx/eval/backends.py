@@ -43,6 +43,10 @@ def check_backend(name: str) -> str:
     return name
 
 
+# KV cache (GiB) for vLLM's CPU build when neither --gpu-memory-utilization nor --kv-cache-memory is given.
+CPU_KV_CACHE_GIB = 4
+
+
 class VllmBackend:
     """The offline `vllm.LLM` engine. Requests are fed in small chunks while the engine steps, so
     tokenizing long prompts overlaps with generation, and finished requests are reported per step."""
@@ -76,6 +80,13 @@ class VllmBackend:
             except ImportError:
                 raise InputError("the vllm backend needs vLLM: pip install 'longctx[gpu]' (CUDA) or "
                                  "'longctx[cpu]'; or use --backend hf") from None
+            if not {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(self.kwargs):
+                from vllm.platforms import current_platform
+
+                if current_platform.is_cpu():
+                    # vLLM's CPU build reserves gpu_memory_utilization (default 0.92) of the NUMA node's RAM
+                    # and refuses to start when that much is not free; size the KV cache explicitly instead.
+                    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
             self.llm = LLM(model=self.checkpoint, max_model_len=self.max_model_len, **self.kwargs)
         have = self.llm.llm_engine.model_config.max_model_len
         if have < self.max_model_len:
