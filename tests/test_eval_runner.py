@@ -58,6 +58,20 @@ class Stop(Exception):
     pass
 
 
+def test_samples_sharing_upstreams_niah_index_all_get_predictions(ruler_checkpoint, tmp_path):
+    """Upstream NIAH writes the answer's character offset as `index`; with seed 2 at 1k, samples 0 and 5
+    share 1536. Keyed by that, one prediction would be lost; keyed by sample number, none is."""
+    out = tmp_path / "run"
+    r = run_ruler(ruler_checkpoint, [1024], out, tasks="niah_single_1", samples=6, seed=2, backend="hf",
+                  progress=False)
+    upstream_index = [x["index"] for x in lines(out / "tasks" / "1024" / "niah_single_1.jsonl")]
+    assert upstream_index[0] == upstream_index[5]  # the collision this test is about
+    preds = lines(out / "pred" / "1024" / "niah_single_1.jsonl")
+    assert sorted(x["index"] for x in preds) == list(range(6)) and r.new_predictions == 6
+    assert [x["outputs"] for x in sorted(preds, key=lambda x: x["index"])] == \
+        [x["outputs"] for x in lines(out / "tasks" / "1024" / "niah_single_1.jsonl")]
+
+
 def test_hf_run_resumes_without_loss_or_duplicates(ruler_checkpoint, tmp_path):
     out = tmp_path / "run"
     seen = []
@@ -71,8 +85,8 @@ def test_hf_run_resumes_without_loss_or_duplicates(ruler_checkpoint, tmp_path):
         run_ruler(ruler_checkpoint, [2048], out, tasks=TASKS, samples=3, backend="hf", progress=False,
                   on_prediction=stop_after_two)
     first = lines(out / "pred" / "2048" / "niah_single_1.jsonl")
-    task_index = {t: [x["index"] for x in lines(out / "tasks" / "2048" / f"{t}.jsonl")] for t in ("niah_single_1", "vt")}
-    assert [r["index"] for r in first] == task_index["niah_single_1"][:2]  # upstream's NIAH indices are not 0..n
+    task_index = {t: list(range(3)) for t in ("niah_single_1", "vt")}  # predictions are keyed by sample number
+    assert [r["index"] for r in first] == [0, 1]
     assert set(first[0]) == {"index", "pred", "outputs", "length", "task", "max_length", "prompt_tokens"}
     # a kill in the middle of a write leaves a torn line: it is cut, its sample predicted again
     with open(out / "pred" / "2048" / "niah_single_1.jsonl", "a") as f:
@@ -154,10 +168,10 @@ def test_vllm_gated_yarn_matches_bare_generate_and_hf_token_counts(gated_yarn_ch
         for task, budget in (("niah_single_1", 128), ("vt", 30)):
             rows = lines(out / "tasks" / str(L) / f"{task}.jsonl")
             got = {x["index"]: x for x in lines(out / "pred" / str(L) / f"{task}.jsonl")}
-            for row in rows:
+            for sample, row in enumerate(rows):
                 prompts.append(row["input"] + row["answer_prefix"])
                 params.append(vllm.SamplingParams(temperature=0.0, top_p=1.0, max_tokens=budget))
-                preds.append(got[row["index"]])
+                preds.append(got[sample])
     bare = llm.generate(prompts, params, use_tqdm=False)
     assert [b.outputs[0].text for b in bare] == [p["pred"] for p in preds]
     assert [len(b.prompt_token_ids) for b in bare] == [p["prompt_tokens"] for p in preds]

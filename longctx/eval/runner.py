@@ -280,11 +280,13 @@ def run_ruler(
             for s in specs:
                 skip = done[(L, s.name)]
                 with open(out / "tasks" / str(L) / f"{s.name}.jsonl", encoding="utf-8") as f:
-                    for line in f:
-                        row = json.loads(line)
-                        if row["index"] in skip:
+                    # Predictions are keyed by the sample's line number, not the task file's `index`: upstream
+                    # NIAH overwrites `index` with the answer's character offset, which repeats across samples.
+                    for sample, line in enumerate(f):
+                        if sample in skip:
                             continue
-                        yield Request((L, s.name, row["index"], row["outputs"], row["length"]),
+                        row = json.loads(line)
+                        yield Request((L, s.name, sample, row["outputs"], row["length"]),
                                       row["input"] + row["answer_prefix"], s.tokens_to_generate)
 
     writer = PredictionWriter()
