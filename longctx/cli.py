@@ -131,18 +131,32 @@ def ruler():
     """
 
 
+def _task_options(command):
+    """The options that say which RULER task files to make (shared by `ruler prepare` and `ruler run`)."""
+    options = [
+        click.option("--lengths", type=LENGTHS, required=True,
+                     help="Context lengths, e.g. 4k,8k,16k,32k,64k,128k (k/K = x1024)."),
+        click.option("--tasks", help="Comma-separated task names [default: all 13]."),
+        click.option("--samples", type=click.IntRange(min=1), default=500, show_default=True,
+                     help="Samples per task and length."),
+        click.option("--seed", type=int, default=42, show_default=True, help="Task generation seed."),
+        click.option("--template", type=click.Choice(["base", "chat"]), default="base", show_default=True,
+                     help="base: RULER's plain prompt; chat: the tokenizer's chat template, answer prefix in the "
+                          "assistant turn."),
+        click.option("--data-dir", type=click.Path(), help="Folder with essay.json, squad.json and hotpotqa.json."),
+        click.option("--essay", help="Essay haystack (RULER's PaulGrahamEssays.json format): a file or "
+                                     "hf:<dataset id>."),
+        click.option("--squad", help="SQuAD v2.0 dev (for qa_1): a file or hf:<dataset id>."),
+        click.option("--hotpotqa", help="HotpotQA dev-distractor (for qa_2): a file or hf:<dataset id>."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 @ruler.command("prepare")
 @click.option("--tokenizer", required=True, help="Tokenizer directory (or checkpoint) that counts the lengths.")
-@click.option("--lengths", type=LENGTHS, required=True, help="Context lengths, e.g. 4k,8k,131072 (k/K = x1024).")
-@click.option("--tasks", help="Comma-separated task names [default: all 13].")
-@click.option("--samples", type=click.IntRange(min=1), default=500, show_default=True, help="Samples per task and length.")
-@click.option("--seed", type=int, default=42, show_default=True)
-@click.option("--template", type=click.Choice(["base", "chat"]), default="base", show_default=True,
-              help="base: RULER's plain prompt; chat: the tokenizer's chat template, answer prefix in the assistant turn.")
-@click.option("--data-dir", type=click.Path(), help="Folder with essay.json, squad.json and hotpotqa.json.")
-@click.option("--essay", help="Essay haystack (RULER's PaulGrahamEssays.json format): a file or hf:<dataset id>.")
-@click.option("--squad", help="SQuAD v2.0 dev (for qa_1): a file or hf:<dataset id>.")
-@click.option("--hotpotqa", help="HotpotQA dev-distractor (for qa_2): a file or hf:<dataset id>.")
+@_task_options
 @click.option("-o", "--output", required=True, type=click.Path(), help="Output folder: <length>/<task>.jsonl + manifest.")
 def ruler_prepare(tokenizer, lengths, tasks, samples, seed, template, data_dir, essay, squad, hotpotqa, output):
     """Write RULER task files, byte-identical to upstream's generators for the same inputs."""
@@ -156,16 +170,7 @@ def ruler_prepare(tokenizer, lengths, tasks, samples, seed, template, data_dir, 
 
 @ruler.command("run")
 @click.argument("checkpoint")
-@click.option("--lengths", type=LENGTHS, required=True, help="Context lengths, e.g. 4k,8k,16k,32k,64k,128k (k/K = x1024).")
-@click.option("--tasks", help="Comma-separated task names [default: all 13].")
-@click.option("--samples", type=click.IntRange(min=1), default=500, show_default=True, help="Samples per task and length.")
-@click.option("--seed", type=int, default=42, show_default=True, help="Task generation seed.")
-@click.option("--template", type=click.Choice(["base", "chat"]), default="base", show_default=True,
-              help="base: RULER's plain prompt; chat: the tokenizer's chat template.")
-@click.option("--data-dir", type=click.Path(), help="Folder with essay.json, squad.json and hotpotqa.json.")
-@click.option("--essay", help="Essay haystack: a file or hf:<dataset id>.")
-@click.option("--squad", help="SQuAD v2.0 dev (for qa_1): a file or hf:<dataset id>.")
-@click.option("--hotpotqa", help="HotpotQA dev-distractor (for qa_2): a file or hf:<dataset id>.")
+@_task_options
 @click.option("-o", "--output", required=True, type=click.Path(),
               help="Run directory: tasks, predictions, results (a rerun resumes it).")
 @click.option("--backend", default="vllm", show_default=True,
