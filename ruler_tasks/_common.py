@@ -11,7 +11,7 @@ import numpy as np
 from ruler_tasks.counting import TokenCounter
 from ruler_tasks.errors import RulerInputError
 from ruler_tasks.templates import ModelTemplate
-from ruler_tasks.text import Part, render
+from ruler_tasks.text import Part
 
 # Upstream's retry loop (`while True: try ... except: used -= incremental`) never ends when a sample
 # cannot fit even at the smallest size; we stop after this many failed draws at that size.
@@ -109,10 +109,6 @@ def record(index: int, text: str, outputs, length: int, ctx: GenContext, answer_
         "length_w_model_temp": length + ctx.model_template_token,
         "answer_prefix": prefix,
     }
-
-
-def render_parts(parts) -> str:
-    return render(parts)
 
 
 SampleIter = Iterator[dict]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ruler_tasks._common import GenContext, binary_search, fit_sample
+from ruler_tasks._common import GenContext, binary_search, fit_sample, record
 from ruler_tasks.constants import TASK_TEMPLATES
 from ruler_tasks.errors import RulerInputError
 from ruler_tasks.rng import fixed_shuffle
@@ -67,6 +67,4 @@ def generate(ctx: GenContext):
     for index in range(ctx.num_samples):
         (parts, answer), length = fit_sample(ctx, build, size, incremental)
         text = render(parts)
-        cut = text.rfind(_T["answer_prefix"][:10])
-        yield {"index": index, "input": text[:cut], "outputs": answer, "length": length,
-               "length_w_model_temp": length + ctx.model_template_token, "answer_prefix": text[cut:]}
+        yield record(index, text, answer, length, ctx, _T["answer_prefix"])

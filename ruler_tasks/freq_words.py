@@ -12,7 +12,7 @@ import string
 import numpy as np
 from scipy.special import zeta
 
-from ruler_tasks._common import GenContext
+from ruler_tasks._common import GenContext, record
 from ruler_tasks.constants import TASK_TEMPLATES
 from ruler_tasks.rng import choices_strs, fixed_shuffle
 from ruler_tasks.templates import split_format
@@ -72,6 +72,4 @@ def generate(ctx: GenContext):
         parts, answer, count, _ = gen(num_example_words)
         length = count + ttg
         text = render(parts)
-        cut = text.rfind(_T["answer_prefix"][:10])
-        yield {"index": index, "input": text[:cut], "outputs": answer, "length": length,
-               "length_w_model_temp": length + ctx.model_template_token, "answer_prefix": text[cut:]}
+        yield record(index, text, answer, length, ctx, _T["answer_prefix"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from ruler_tasks._common import GenContext, binary_search, fit_sample
+from ruler_tasks._common import GenContext, binary_search, fit_sample, split_answer_prefix
 from ruler_tasks.constants import NEEDLE, NOISE_HAYSTACK, TASK_TEMPLATES
 from ruler_tasks.data import essay_haystack
 from ruler_tasks.punkt import sent_tokenize
@@ -160,8 +160,7 @@ def generate(ctx: GenContext):
     for index in range(ctx.num_samples):
         (parts, answer), length = fit_sample(ctx, build, num_haystack, incremental)
         text = render(parts)
-        cut = text.rfind(_T["answer_prefix"][:10])
-        inp, prefix = text[:cut], text[cut:]
+        inp, prefix = split_answer_prefix(text, _T["answer_prefix"])
         pos = inp.find(answer[0])
         n_prefix = pos if pos >= 0 else len(inp) - 1
         yield {

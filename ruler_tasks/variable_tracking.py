@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import string
 
-from ruler_tasks._common import GenContext, binary_search, fit_sample
+from ruler_tasks._common import GenContext, binary_search, fit_sample, record
 from ruler_tasks.constants import NOISE_HAYSTACK, TASK_TEMPLATES
 from ruler_tasks.templates import split_format
 from ruler_tasks.text import Join, render
@@ -115,10 +115,7 @@ def generate(ctx: GenContext):
                 (parts, answer), length = fit_sample(ctx, build_sample, size, incremental)
                 text = render(parts)
                 if final:
-                    cut = text.rfind(_T["answer_prefix"][:10])
-                    yield {"index": index, "input": text[:cut], "outputs": answer, "length": length,
-                           "length_w_model_temp": length + ctx.model_template_token,
-                           "answer_prefix": text[cut:]}
+                    yield record(index, text, answer, length, ctx, _T["answer_prefix"])
                 else:
                     yield {"index": index, "input": text, "outputs": answer, "length": length}
         finally:
