@@ -8,7 +8,7 @@ from ruler_tasks._common import GenContext, binary_search, fit_sample, split_ans
 from ruler_tasks.constants import NEEDLE, NOISE_HAYSTACK, TASK_TEMPLATES
 from ruler_tasks.data import essay_haystack
 from ruler_tasks.punkt import sent_tokenize
-from ruler_tasks.rng import choice_draw, fixed_shuffle, randint_draw, uuid4_str, uuid4_strs
+from ruler_tasks.rng import below_rounds, choice_draw, fixed_shuffle, randint_draw, uuid4_str, uuid4_strs
 from ruler_tasks.templates import split_format
 from ruler_tasks.text import Join, Rows, render
 from ruler_tasks.words import niah_keys
@@ -49,6 +49,21 @@ class _EssaySentences:
         else:
             self.cache.move_to_end(n)
         return s
+
+
+# Key/value kinds drawn as `rng._randbelow(size)`: numbers = randint(10**6, 10**7 - 1), words = choice(keys)
+_BELOW = ("numbers", "words")
+
+
+def _below_size(kind: str) -> int:
+    return 9 * 10**6 if kind == "numbers" else len(niah_keys())
+
+
+def _below_strs(kind: str, draws) -> list[str]:
+    """The strings upstream makes from `draws` (NumPy array of `_randbelow` results) of `kind`."""
+    if kind == "numbers":
+        return list(map(str, (draws + 10**6).tolist()))
+    return niah_keys().take(draws)
 
 
 def generate(ctx: GenContext):
@@ -127,6 +142,9 @@ def generate(ctx: GenContext):
             if type_k == type_v == "uuids":  # the same 2 * num_haystack draws, in bulk (`uuid4_strs`)
                 u = uuid4_strs(rng, 2 * num_haystack)
                 rows = list(zip(u[0::2], u[1::2]))
+            elif type_k in _BELOW and type_v in _BELOW:  # the same draws, in bulk (`below_rounds`)
+                k, v = below_rounds(rng, (_below_size(type_k), _below_size(type_v)), num_haystack)
+                rows = list(zip(_below_strs(type_k, k), _below_strs(type_v, v)))
             else:
                 rows = [(draw_k(), draw_v()) for _ in range(num_haystack)]
             indexes = sorted(rng.sample(range(num_haystack), len(needles)), reverse=True)

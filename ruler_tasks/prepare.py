@@ -7,6 +7,7 @@ Files are streamed to a temporary file beside the target and renamed at the end.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import importlib
 import json
@@ -192,69 +193,78 @@ def prepare(
     manifest.setdefault("data", {}).update(common["data"])
     result = PrepareResult(out_dir=out, manifest=manifest)
 
-    for L in lengths:
-        (out / str(L)).mkdir(exist_ok=True)
-        for spec in specs:
-            rel = f"{L}/{spec.name}.jsonl"
-            path = out / rel
-            key_obj = {
-                "task": spec.name, "version": spec.version, "args": dict(spec.args), "length": L,
-                "samples": samples, "seed": seed, "template": mtemplate.describe(), "tokenizer": fp,
-                "data": {n: data[n].sha256 for n in spec.needs},
-                "wonderwords": wonderwords_version(), "punkt": PUNKT_SHA256,
-                "english_words": words_sha if spec.generator == "common_words_extraction" else None,
-            }
-            key = hashlib.sha256(json.dumps(key_obj, sort_keys=True).encode()).hexdigest()
-            entry = files.get(rel)
-            if entry and entry.get("key") == key and path.is_file() and _sha256_file(path) == entry.get("sha256"):
+    # The tokenizer, word lists and counting caches are hundreds of thousands of long-lived objects;
+    # every cyclic-GC pass over them costs milliseconds, and generation allocates enough to trigger
+    # many. Frozen (`gc.freeze`), the collector skips them; new garbage is still collected.
+    refreeze = gc.get_freeze_count() == 0
+    try:
+        for L in lengths:
+            (out / str(L)).mkdir(exist_ok=True)
+            for spec in specs:
+                rel = f"{L}/{spec.name}.jsonl"
+                path = out / rel
+                key_obj = {
+                    "task": spec.name, "version": spec.version, "args": dict(spec.args), "length": L,
+                    "samples": samples, "seed": seed, "template": mtemplate.describe(), "tokenizer": fp,
+                    "data": {n: data[n].sha256 for n in spec.needs},
+                    "wonderwords": wonderwords_version(), "punkt": PUNKT_SHA256,
+                    "english_words": words_sha if spec.generator == "common_words_extraction" else None,
+                }
+                key = hashlib.sha256(json.dumps(key_obj, sort_keys=True).encode()).hexdigest()
+                entry = files.get(rel)
+                if entry and entry.get("key") == key and path.is_file() and _sha256_file(path) == entry.get("sha256"):
+                    result.files.append(path)
+                    result.timings.append(TaskTiming(spec.name, L, samples, 0.0, 0.0, True))
+                    continue
+                gc.freeze()  # includes the caches earlier tasks filled
+                t0 = time.perf_counter()
+                from ruler_tasks._common import GenContext
+
+                ctx = GenContext(spec.name, dict(spec.args), L, samples, seed, counter, mtemplate,
+                                 spec.tokens_to_generate, {n: data[n] for n in spec.needs}, english_words=words)
+                gen = importlib.import_module(f"ruler_tasks.{_MODULES[spec.generator]}").generate(ctx)
+                h = hashlib.sha256()
+                fd, tmp = tempfile.mkstemp(prefix=f".{spec.name}.", suffix=".tmp", dir=path.parent)
+                n = 0
+                t_first = None
+                bar = None
+                try:
+                    with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+                        if progress:
+                            from tqdm import tqdm
+
+                            bar = tqdm(total=samples, desc=f"{L} {spec.name}", unit="sample", leave=False)
+                        for rec in gen:
+                            if t_first is None:
+                                t_first = time.perf_counter()
+                            line = json.dumps(rec) + "\n"
+                            f.write(line)
+                            h.update(line.encode("utf-8"))
+                            n += 1
+                            if bar is not None:
+                                bar.update(1)
+                    os.replace(tmp, path)
+                except BaseException:
+                    if os.path.exists(tmp):
+                        os.unlink(tmp)
+                    raise
+                finally:
+                    if bar is not None:
+                        bar.close()
+                t1 = time.perf_counter()
+                # setup = everything before the first sample came out (search included); loop = the rest,
+                # counted as n samples (the first sample's own cost is in setup: small next to the search).
+                setup = (t_first or t1) - t0
+                timing = TaskTiming(spec.name, L, samples, setup, t1 - (t_first or t1), False)
+                files[rel] = {"key": key, "sha256": h.hexdigest(), "task": spec.name, "version": spec.version,
+                              "length": L, "samples": n, "metric": spec.metric,
+                              "tokens_to_generate": spec.tokens_to_generate, "search": ctx.stats.get("search"),
+                              "size": ctx.stats.get("size"), "retries": ctx.stats.get("retries", 0)}
+                _write_json_atomic(mpath, manifest)
                 result.files.append(path)
-                result.timings.append(TaskTiming(spec.name, L, samples, 0.0, 0.0, True))
-                continue
-            t0 = time.perf_counter()
-            from ruler_tasks._common import GenContext
-
-            ctx = GenContext(spec.name, dict(spec.args), L, samples, seed, counter, mtemplate,
-                             spec.tokens_to_generate, {n: data[n] for n in spec.needs}, english_words=words)
-            gen = importlib.import_module(f"ruler_tasks.{_MODULES[spec.generator]}").generate(ctx)
-            h = hashlib.sha256()
-            fd, tmp = tempfile.mkstemp(prefix=f".{spec.name}.", suffix=".tmp", dir=path.parent)
-            n = 0
-            t_first = None
-            bar = None
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-                    if progress:
-                        from tqdm import tqdm
-
-                        bar = tqdm(total=samples, desc=f"{L} {spec.name}", unit="sample", leave=False)
-                    for rec in gen:
-                        if t_first is None:
-                            t_first = time.perf_counter()
-                        line = json.dumps(rec) + "\n"
-                        f.write(line)
-                        h.update(line.encode("utf-8"))
-                        n += 1
-                        if bar is not None:
-                            bar.update(1)
-                os.replace(tmp, path)
-            except BaseException:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-                raise
-            finally:
-                if bar is not None:
-                    bar.close()
-            t1 = time.perf_counter()
-            # setup = everything before the first sample came out (search included); loop = the rest,
-            # counted as n samples (the first sample's own cost is in setup: small next to the search).
-            setup = (t_first or t1) - t0
-            timing = TaskTiming(spec.name, L, samples, setup, t1 - (t_first or t1), False)
-            files[rel] = {"key": key, "sha256": h.hexdigest(), "task": spec.name, "version": spec.version,
-                          "length": L, "samples": n, "metric": spec.metric,
-                          "tokens_to_generate": spec.tokens_to_generate, "search": ctx.stats.get("search"),
-                          "size": ctx.stats.get("size"), "retries": ctx.stats.get("retries", 0)}
-            _write_json_atomic(mpath, manifest)
-            result.files.append(path)
-            result.timings.append(timing)
+                result.timings.append(timing)
+    finally:
+        if refreeze:
+            gc.unfreeze()
     _write_json_atomic(mpath, manifest)
     return result

@@ -171,3 +171,58 @@ def choices_strs(rng: random.Random, population: str, k: int, n: int) -> list[st
     chars = itemgetter(*idx.tolist())(pop) if n * k > 1 else (pop[int(idx[0])],)
     s = "".join(chars)
     return [s[i:i + k] for i in range(0, n * k, k)]
+
+
+def below_rounds(rng: random.Random, ns: tuple[int, ...], rounds: int):
+    """`rounds` rounds of `rng._randbelow(n)` for each n in `ns` in turn, as NumPy arrays (one per n),
+    with the same values and RNG state after as the per-call draws (`randint_draw`/`choice_draw`).
+
+    Exact because each try of a draw below n < 2**32 takes one 32-bit word w and yields
+    `w >> (32 - n.bit_length())`, accepted when below n; `getrandbits(32 * M)` draws the same words in
+    the same order (lowest first). Which word each draw ends on is a chain (a draw starts one word after
+    the previous one ended), followed for all rounds at once by pointer doubling. The words are drawn
+    from a copy of the state; the real state is then advanced by exactly the words used.
+    """
+    import numpy as np
+
+    ks = [n.bit_length() for n in ns]
+    if not _FAST_DRAWS or type(rng) is not random.Random or rounds <= 0 or not all(0 < n < 2**32 for n in ns):
+        draws = [_below_draw(rng, n) for n in ns]  # pragma: no cover - exotic RNGs or sizes
+        cols = [[d() for d in draws] for _ in range(max(rounds, 0))]
+        return [np.array([c[j] for c in cols], dtype=np.int64) for j in range(len(ns))]
+    per_round = sum((1 << k) / n for n, k in zip(ns, ks))  # expected words per round
+    m = int(rounds * per_round * 1.1) + 64
+    state = rng.getstate()
+    while True:
+        w = np.frombuffer(rng.getrandbits(32 * m).to_bytes(4 * m, "little"), dtype="<u4").astype(np.int64)
+        rng.setstate(state)
+        idx = np.arange(m + 2)
+        step = idx  # step[p]: the word after the round that starts at word p (m, m + 1: ran out)
+        nexts = []
+        for n, k in zip(ns, ks):
+            ok = np.append((w >> (32 - k)) < n, [True, True])
+            # nxt[p] = first accepted word at or after p (m if none before the end)
+            nxt = np.minimum.accumulate(np.where(ok, idx, m + 1)[::-1])[::-1]
+            nxt = np.minimum(nxt, m)
+            nexts.append(nxt)
+            step = np.minimum(nxt[step] + 1, m + 1)
+        starts = np.zeros(rounds, dtype=np.int64)
+        r = np.arange(rounds)
+        jump, bit = step, 0
+        while (1 << bit) < rounds:
+            sel = ((r >> bit) & 1).astype(bool)
+            starts[sel] = jump[starts[sel]]
+            jump = jump[jump]
+            bit += 1
+        end = step[starts[-1]]
+        if end <= m:
+            break
+        m *= 2
+    out, pos = [], starts
+    for n, k, nxt in zip(ns, ks, nexts):
+        at = nxt[pos]
+        out.append(w[at] >> (32 - k))
+        pos = at + 1
+    if end:
+        rng.getrandbits(32 * int(end))
+    return out

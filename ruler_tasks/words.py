@@ -85,6 +85,16 @@ class AdjNounKeys(Sequence):
             return f"{part}-{self._nouns[off]}"
         return part[off]
 
+    def take(self, indices) -> list[str]:
+        """`[self.at(i) for i in indices]` for a NumPy array of valid indices, with the block lookup in bulk."""
+        import numpy as np
+
+        groups = np.searchsorted(np.asarray(self._starts), indices, side="right") - 1
+        offsets = (indices - np.asarray(self._starts)[groups]).tolist()
+        parts, nouns = self._parts, self._nouns
+        return [f"{part}-{nouns[off]}" if isinstance(part, str) else part[off]
+                for part, off in zip(map(parts.__getitem__, groups.tolist()), offsets)]
+
 
 @functools.lru_cache(maxsize=None)
 def niah_keys() -> AdjNounKeys:

@@ -91,3 +91,31 @@ def test_bulk_uuid_draws_equal_per_call_draws():
         assert uuid4_strs(b, n) == want
         assert a.getstate() == b.getstate()
         assert a.random() == b.random()
+
+
+def test_bulk_interleaved_draws_equal_per_call_draws():
+    """`below_rounds` (niah_multikey_2's haystack rows in bulk): the values and RNG state of per-call
+    `rng.choice(keys)` / `rng.randint(10**6, 10**7 - 1)` draws, interleaved key then value, as upstream."""
+    import random
+
+    import numpy as np
+
+    from ruler_tasks.rng import below_rounds
+
+    keys = niah_keys()
+    for seed, rounds in [(0, 1), (1, 2), (2, 37), (3, 5300)]:
+        a, b = random.Random(seed), random.Random(seed)
+        a.random(), b.random()  # any position in the stream
+        want = [(a.choice(keys), a.randint(10**6, 10**7 - 1)) for _ in range(rounds)]
+        k, v = below_rounds(b, (len(keys), 9 * 10**6), rounds)
+        assert list(zip(keys.take(k), (v + 10**6).tolist())) == want
+        assert a.getstate() == b.getstate()
+        assert a.random() == b.random()
+    # sizes with rare acceptance (n just above a power of two), 1, and near 2**32; three draws per round
+    for seed in range(5):
+        ns = (2**20 + 1, 1, 2**32 - 3)
+        a, b = random.Random(seed), random.Random(seed)
+        want = [[a.randrange(n) for n in ns] for _ in range(300)]
+        got = below_rounds(b, ns, 300)
+        assert np.array_equal(np.stack(got, axis=1), np.array(want))
+        assert a.getstate() == b.getstate()
