@@ -138,3 +138,34 @@ def test_chat_template(reference_tokenizer_dir, tmp_path):
     assert cwe["input"].count("<|assistant|>") == 2  # the few-shot is a whole templated turn, as upstream
     m = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert m["template"]["name"] == "chat" and m["template"]["head"] == "<|user|>\n"
+
+
+@pytest.mark.slow
+def test_datasets_sources_give_the_same_prompts(reference_tokenizer_dir, tmp_path):
+    """`--essay/--squad/--hotpotqa hf:<id>`: local `datasets` folders in the Hub layouts (rajpurkar/squad_v2,
+    hotpot_qa distractor, a text column) convert to RULER's JSON and give the same prompts as the files."""
+    import warnings
+
+    fixture = {n: json.loads((FIXTURE_DATA / f"{n}.json").read_text()) for n in ("essay", "squad", "hotpotqa")}
+    squad_rows = [{"id": q["id"], "title": art["title"], "context": p["context"], "question": q["question"],
+                   "answers": {"text": [a["text"] for a in q["answers"]],
+                               "answer_start": [a["answer_start"] for a in q["answers"]]}}
+                  for art in fixture["squad"]["data"] for p in art["paragraphs"] for q in p["qas"]]
+    hotpot_rows = [{"id": d["_id"], "question": d["question"], "answer": d["answer"],
+                    "context": {"title": [t for t, _ in d["context"]], "sentences": [s for _, s in d["context"]]}}
+                   for d in fixture["hotpotqa"]]
+    for name, split, rows in [("essay", "train", [{"text": fixture["essay"]["text"]}]),
+                              ("squad", "validation", squad_rows), ("hotpotqa", "validation", hotpot_rows)]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tasks = ["niah_single_2", "qa_1", "qa_2"]
+    args = dict(tasks=tasks, samples=3, seed=5, template="base", progress=False)
+    prepare(reference_tokenizer_dir, [2048], data_dir=FIXTURE_DATA, out_dir=tmp_path / "files", **args)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = prepare(reference_tokenizer_dir, [2048], out_dir=tmp_path / "hf", essay=f"hf:{tmp_path / 'essay'}",
+                      squad=f"hf:{tmp_path / 'squad'}", hotpotqa=f"hf:{tmp_path / 'hotpotqa'}", **args)
+    assert any("not a known checksum" in str(w.message) for w in caught)  # converted JSON: not the file's sum
+    assert res.manifest["data"]["squad"]["origin"] == f"hf:{tmp_path / 'squad'}"
+    for t in tasks:
+        assert (tmp_path / "hf" / "2048" / f"{t}.jsonl").read_bytes() == (tmp_path / "files" / "2048" / f"{t}.jsonl").read_bytes()
