@@ -153,6 +153,30 @@ def test_cli_run_default_command_and_bad_inputs(ruler_checkpoint, tmp_path, refe
     assert r.exit_code == 0 and "prepare" in r.output and "run" in r.output and "longctx ruler CKPT" in r.output
 
 
+def test_cli_engine_options_reach_vllm(ruler_checkpoint, tmp_path, monkeypatch):
+    """`--tensor-parallel-size/--data-parallel-size/--dtype/--kv-cache-memory/--gpu-memory-utilization/
+    --enforce-eager` arrive in `vllm.LLM(...)` under vLLM's own names (the engine is stopped at construction:
+    a multi-GPU engine cannot start here)."""
+    vllm = require_vllm()
+    seen = {}
+
+    def llm(**kwargs):
+        seen.update(kwargs)
+        raise InputError("engine construction reached")
+
+    monkeypatch.setattr(vllm, "LLM", llm)
+    base = ["ruler", ruler_checkpoint, "--lengths", "1k", "--tasks", "vt", "--samples", "1"]
+    r = run(*base, "-o", tmp_path / "a", "--tensor-parallel-size", "2", "--data-parallel-size", "4", "--dtype",
+            "bfloat16", "--kv-cache-memory", "8e9", "--enforce-eager")
+    assert r.exit_code == 2 and "engine construction reached" in r.stderr, r.output
+    assert seen == {"model": str(ruler_checkpoint), "max_model_len": 1024, "tensor_parallel_size": 2,
+                    "data_parallel_size": 4, "dtype": "bfloat16", "kv_cache_memory_bytes": 8_000_000_000,
+                    "enforce_eager": True, "seed": 0}
+    seen.clear()
+    r = run(*base, "-o", tmp_path / "b", "--gpu-memory-utilization", "0.5")
+    assert seen["gpu_memory_utilization"] == 0.5 and "data_parallel_size" not in seen and seen["tensor_parallel_size"] == 1
+
+
 @pytest.mark.slow
 def test_vllm_gated_yarn_matches_bare_generate_and_hf_token_counts(gated_yarn_checkpoint, tmp_path, vllm_engines):
     """The vllm backend on a gated (plugin) YaRN checkpoint: same texts as a bare `LLM.generate` of the same
