@@ -1,0 +1,182 @@
+"""The built-in synthetic corpus: deterministic, sized as asked, and every answer really is in its haystack.
+
+The retrievability checks parse each document independently of how it was generated: the needles /
+assignments / word counts are read back from the text and the answer is recomputed from them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import statistics
+from collections import Counter
+
+import pytest
+
+from longctx.errors import InputError
+from longctx.train.synthetic import KINDS, MIN_LENGTH, approx_tokens, documents
+
+
+def take(kind, n, seed=0, length_tokens=None):
+    return list(itertools.islice(documents(kind, seed, length_tokens=length_tokens), n))
+
+
+def test_default_kind_is_mixed_and_stream_is_deterministic():
+    assert KINDS[0] == "mixed"
+    assert take(KINDS[0], 5) == list(itertools.islice(documents(), 5))
+    for kind in KINDS:
+        assert take(kind, 5, seed=3, length_tokens=512) == take(kind, 5, seed=3, length_tokens=512)
+        assert take(kind, 5, seed=3, length_tokens=512) != take(kind, 5, seed=4, length_tokens=512)
+
+
+def test_kinds_differ():
+    firsts = {kind: take(kind, 20, length_tokens=512) for kind in KINDS}
+    assert len({tuple(docs) for docs in firsts.values()}) == len(KINDS)
+    assert all(kind_of(d) == "vt" for d in firsts["vt"])
+    assert all(kind_of(d) == "cwe" for d in firsts["cwe"])
+    assert all(kind_of(d) == "fwe" for d in firsts["fwe"])
+    assert all(kind_of(d) == "niah" for d in firsts["niah"])
+    assert len({kind_of(d) for d in take("mixed", 100, length_tokens=512)}) == 4
+
+
+@pytest.mark.parametrize("bad", ["passkey", "", "NIAH"])
+def test_unknown_kind_is_an_input_error(bad):
+    with pytest.raises(InputError, match="unknown synthetic kind .*mixed, niah, vt, cwe, fwe"):
+        documents(bad)
+
+
+@pytest.mark.parametrize("bad", [0, -5, MIN_LENGTH - 1, 1.5, "1k", True])
+def test_bad_length_is_an_input_error(bad):
+    with pytest.raises(InputError, match="synthetic document length"):
+        documents("niah", length_tokens=bad)
+
+
+def test_length_is_roughly_honoured(reference_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(reference_tokenizer_dir)
+    for length in (MIN_LENGTH, 1024, 4096):
+        docs = take("mixed", 40, seed=1, length_tokens=length)
+        estimates = [approx_tokens(d) for d in docs]
+        assert 0.7 * length <= statistics.mean(estimates) <= length
+        real = [len(tok.tokenize(d)) for d in docs]
+        # Documents are made to fit a sequence of `length` tokens of the reference tokenizer ...
+        assert max(real) <= length * (1.1 if length == MIN_LENGTH else 1.0)
+        # ... without being much shorter than asked.
+        assert statistics.mean(real) >= 0.5 * length
+    natural = take("mixed", 20, seed=1)
+    assert statistics.mean(approx_tokens(d) for d in natural) > 700  # NATURAL_LENGTH = 1024
+
+
+# --- reading the answers back from the text ------------------------------------------------------------
+
+def kind_of(doc: str) -> str:
+    if re.search(r"^VAR [A-Z]{5} = ", doc, re.M):
+        return "vt"
+    if "coded" in doc:
+        return "fwe"
+    if re.search(r"^1\. [a-z]+ 2\. ", doc, re.M):
+        return "cwe"
+    return "niah"
+
+
+NEEDLE_FORMS = [  # (regex, group of the key, group of the value)
+    (r"One of the special magic \w+ for ([\w-]+) is: ([\w-]+)\.", 1, 2),
+    (r"The \w+ for ([\w-]+) is ([\w-]+)\.", 1, 2),
+    (r"Note: ([\w-]+) has the \w+ ([\w-]+)\.", 1, 2),
+    (r"The secret \w+ of ([\w-]+) is ([\w-]+)\.", 1, 2),
+]
+
+
+def check_niah(doc: str):
+    lines = doc.split("\n")
+    first_question = next(i for i in range(len(lines)) if all("?" in line for line in lines[i:]))
+    body, questions = "\n".join(lines[:first_question]), lines[first_question:]
+    needles: dict[str, list[str]] = {}
+    for pattern, k, v in NEEDLE_FORMS:
+        for m in re.finditer(pattern, body):
+            needles.setdefault(m.group(k), []).append(m.group(v))
+    assert needles and questions, doc
+    for line in questions:
+        question, answer = line.split("?", 1)
+        asked = [key for key in needles if re.search(rf"(?<![\w-]){re.escape(key)}(?![\w-])", question)]
+        assert asked, line
+        for key in needles:
+            for value in needles[key]:
+                assert (value in answer) == (key in asked), (key, value, line)
+        # Several values or queries are answered in order of the queries, then of the text.
+        expected = [v for key in sorted(asked, key=question.index) for v in needles[key]]
+        assert expected == sorted(expected, key=answer.index)
+
+
+def check_vt(doc: str):
+    assign = dict(re.findall(r"^VAR ([A-Z]{5}) = (\d+|VAR [A-Z]{5})$", doc, re.M))
+
+    def resolve(name):
+        src = assign[name]
+        return resolve(src[4:]) if src.startswith("VAR ") else src
+
+    value = re.search(r"assigned the value (\d+)|holding (\d+)", doc)
+    value = value.group(1) or value.group(2)
+    answer = re.findall(r"[A-Z]{5}", doc.rsplit("\n", 1)[1].rsplit(value, 1)[1])
+    assert answer and sorted(answer) == sorted(n for n in assign if resolve(n) == value), doc
+    # In chain order: each name after the first is assigned from the one before it.
+    assert all(assign[b] == f"VAR {a}" for a, b in zip(answer, answer[1:]))
+
+
+def check_cwe(doc: str):
+    _, listing, tail = doc.split("\n")
+    counts = Counter(re.findall(r"\d+\. ([a-z]+)", listing))
+    assert [int(i) for i in re.findall(r"(\d+)\. ", listing)] == list(range(1, sum(counts.values()) + 1))
+    n = int(re.search(r"(\d+) (most common|words are repeated)", tail).group(1))
+    answer = re.findall(r"[a-z]+", tail.split(":")[-1] if ":" in tail else tail.split("They are")[-1])
+    assert len(answer) == n == len(set(answer))
+    others = [c for w, c in counts.items() if w not in answer]
+    assert min(counts[w] for w in answer) > max(others, default=0)
+
+
+def check_fwe(doc: str):
+    text, tail = doc.split("\n")
+    words = re.findall(r"\b[a-z]{6}\b", text.split("coded words.", 1)[-1].split("coded text.", 1)[-1])
+    answer = re.findall(r"\b[a-z]{6}\b", tail.split(" are", 1)[-1].rsplit(":", 1)[-1])
+    assert len(answer) == 3
+    ranked = Counter(words).most_common()
+    assert [w for w, _ in ranked[:3]] == answer
+    assert ranked[0][1] > ranked[1][1] > ranked[2][1] > (ranked[3][1] if len(ranked) > 3 else 0)
+
+
+CHECKS = {"niah": check_niah, "vt": check_vt, "cwe": check_cwe, "fwe": check_fwe}
+
+
+@pytest.mark.parametrize("length", [MIN_LENGTH, 1024, 3000])
+def test_every_answer_is_retrievable_from_its_document(length):
+    seen = Counter()
+    for doc in take("mixed", 150, seed=7, length_tokens=length):
+        kind = kind_of(doc)
+        CHECKS[kind](doc)
+        seen[kind] += 1
+    assert set(seen) == set(CHECKS)
+
+
+def test_checks_catch_a_wrong_answer():
+    """The parsers above can fail: a document whose answer is swapped for another value is rejected."""
+    doc = next(d for d in documents("niah", 2, length_tokens=512) if "is: " in d and "numbers" in d
+               and d.count("is: ") >= 2)
+    values = re.findall(r"is: (\d+)\.", doc)
+    body, tail = doc.split("\nWhat is", 1)
+    tail = "\nWhat is" + tail
+    right = next(v for v in values if v in tail)
+    wrong = next(v for v in values if v != right)
+    check_niah(doc)
+    with pytest.raises(AssertionError):
+        check_niah(body + "\n" + tail.replace(right, wrong))
+
+
+def test_ruler_phrasing_dominates_and_other_phrasings_exist():
+    docs = take("niah", 200, seed=5, length_tokens=512)
+    ruler = [d for d in docs if "mentioned in the provided text" in d]
+    assert 0.6 < len(ruler) / len(docs) < 0.9
+    singular = [d for d in ruler if d.startswith("A special magic number is hidden")]
+    assert any(re.search(r"mentioned in the provided text is \d{7}\.$", d) for d in singular)
+    follow_ups = [d for d in ruler if d.count("?") > 1]
+    assert 0.1 < len(follow_ups) / len(docs) < 0.5
