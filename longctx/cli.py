@@ -282,6 +282,46 @@ def convert(src, out, source, overwrite):
                f"{r['kv_groups']} query heads per KV head")
 
 
+@cli.command()
+@click.argument("checkpoint")
+@click.option("--data", help="Text: a .txt/.jsonl/.json/.parquet file, a directory of them, a saved dataset, "
+                             "hf:<dataset id>[:split] or synthetic:<kind> [default: the first built-in synthetic "
+                             "corpus].")
+@click.option("--tokens", type=LENGTHS, default="16k", show_default=True,
+              help="Tokens to analyse, as ceil(tokens / length) windows (k = x1024).")
+@click.option("--length", type=LENGTHS, help="Window length [default: the checkpoint's trained length, at most 4k].")
+@click.option("-o", "--output", required=True, type=click.Path(),
+              help="Folder for sinks.json, sinks.md and sinks.png (a RULER run directory: compare then shows them).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True, help="Windows per forward.")
+@click.option("--chunk", type=click.IntRange(min=1),
+              help="Queries per score chunk [default: the fp32 scores of one chunk stay under 256 MiB].")
+@click.option("--dtype", help="auto, float32, bfloat16 or float16 [default: auto on GPU, float32 on CPU].")
+@click.option("--device", help="cpu, cuda, cuda:1, ... [default: cuda when available].")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of synthetic data.")
+@click.option("--plot/--no-plot", default=True, show_default=True, help="Write sinks.png (needs longctx[plot]).")
+def sinks(checkpoint, data, tokens, length, output, batch_size, chunk, dtype, device, seed, plot):
+    """Attention sinks, massive activations and gate sparsity of CHECKPOINT (the paper's Table 4 columns).
+
+    Per layer and averaged: first-token attention (query position 0 excluded), M-Act (max |hidden
+    state| of each layer's output), and for gated models the gate scores' mean, median and fractions
+    below 0.1 and 0.5 (per head too). Chunked scores, never an L x L matrix: 32k runs on one GPU.
+    """
+    from longctx.sinks import analyze_sinks
+
+    for name, value in (("--tokens", tokens), ("--length", length)):
+        if value is not None and len(value) != 1:
+            raise InputError(f"{name} takes one number (e.g. 16k)")
+    r = analyze_sinks(checkpoint, output, data=data, tokens=tokens[0], length=length[0] if length else None,
+                      batch_size=batch_size, chunk=chunk, dtype=dtype, device=device, seed=seed, plot=plot,
+                      log=click.echo)
+    click.echo("")
+    click.echo(r["markdown"])
+    click.echo("")
+    for note in r["notes"]:
+        click.echo(f"note: {note}")
+    click.echo(f"wrote {', '.join(str(p) for p in r['files'])}")
+
+
 def main():
     cli()
 

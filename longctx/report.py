@@ -18,6 +18,7 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
@@ -318,6 +319,7 @@ class Comparison:
     notes: list[str]
     markdown: str = ""
     files: list[Path] = field(default_factory=list)
+    sinks: dict[str, dict[str, Any]] = field(default_factory=dict)  # run name -> its sinks.json (longctx sinks)
 
 
 def _unique_names(runs: list[Results], dirs: list[Path]) -> list[str]:
@@ -330,9 +332,16 @@ def _unique_names(runs: list[Results], dirs: list[Path]) -> list[str]:
 
 
 def compare(run_dirs: list[str | os.PathLike], baseline: str | os.PathLike | None = None,
-            reference: int | None = None, out_dir: str | os.PathLike | None = None) -> Comparison:
+            reference: int | None = None, out_dir: str | os.PathLike | None = None,
+            sinks: Sequence[str | os.PathLike] = ()) -> Comparison:
     """One table: a row per run, a column per shared length, degradation vs a reference length,
-    vs the run's parent (when it is the YaRN child of another run) and vs a baseline run."""
+    vs the run's parent (when it is the YaRN child of another run) and vs a baseline run.
+
+    When runs have `longctx sinks` results (`<run_dir>/sinks.json`, or a sinks.json/directory in
+    `sinks`, matched to a run by checkpoint fingerprint), first-token attention, M-Act and gate-mean
+    columns follow ('-' for a run without them, 'no gate' for a baseline)."""
+    from longctx.sinks import COMPARE_COLUMNS, compare_cells, plot_sinks, sinks_for_runs  # sinks.json files only
+
     dirs = [Path(d) for d in run_dirs]
     if baseline is not None and Path(baseline) not in dirs:
         dirs.append(Path(baseline))
@@ -391,11 +400,20 @@ def compare(run_dirs: list[str | os.PathLike], baseline: str | os.PathLike | Non
         if base_name is not None:
             row.append(f"{avg - _mean([per_length[base_name][L] for L in lengths]):+.2f}")
         rows.append(row)
-    cmp = Comparison(names, lengths, tasks, reference, per_length, columns, rows, notes)
+    sink_docs, sink_notes = sinks_for_runs(runs, dirs, sinks)
+    notes += sink_notes
+    if any(sink_docs):
+        columns += COMPARE_COLUMNS
+        for row, doc in zip(rows, sink_docs):
+            row += compare_cells(doc)
+    cmp = Comparison(names, lengths, tasks, reference, per_length, columns, rows, notes,
+                     sinks={n: d for n, d in zip(names, sink_docs) if d is not None})
     lines = [_row(columns), _row(["---"] * len(columns)), *map(_row, rows)]
     lines.append("")
     lines.append(f"Scores: mean of {len(tasks)} RULER tasks per length; Δ columns are differences in points "
                  f"against {length_label(reference)} (reference length).")
+    if cmp.sinks:
+        lines.append("First-token attn, M-Act, Gate mean: 'longctx sinks' averages over layers (from sinks.json).")
     lines += [f"Note: {x}" for x in notes]
     cmp.markdown = "\n".join(lines)
     if out_dir is not None:
@@ -404,17 +422,22 @@ def compare(run_dirs: list[str | os.PathLike], baseline: str | os.PathLike | Non
         _write_atomic(out / "compare.md", cmp.markdown + "\n")
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
-        w.writerow(["run", *lengths, "avg", *[f"delta_{L}_vs_{reference}" for L in later]])
+        sink_keys = ["first_token_attention", "m_act", "gate_mean"] if cmp.sinks else []
+        w.writerow(["run", *lengths, "avg", *[f"delta_{L}_vs_{reference}" for L in later], *sink_keys])
         for n in names:
             pl = per_length[n]
+            averages = cmp.sinks[n]["averages"] if n in cmp.sinks else {}
             w.writerow([n, *[pl[L] for L in lengths], _mean([pl[L] for L in lengths]),
-                        *[round(pl[L] - pl[reference], 2) for L in later]])
+                        *[round(pl[L] - pl[reference], 2) for L in later],
+                        *["" if averages.get(k) is None else averages[k] for k in sink_keys]])
         _write_atomic(out / "compare.csv", buf.getvalue())
         cmp.files += [out / "compare.md", out / "compare.csv"]
         try:
             _plot_lines([(n, lengths, [per_length[n][L] for L in lengths], {}) for n in names],
                         f"RULER ({len(tasks)} tasks)", out / "compare.png")
             cmp.files.append(out / "compare.png")
+            if cmp.sinks:
+                cmp.files.append(plot_sinks(list(cmp.sinks.values()), out / "compare-sinks.png", list(cmp.sinks)))
         except InputError as e:
             cmp.notes.append(f"no plot: {e}")
     return cmp

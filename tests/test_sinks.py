@@ -1,0 +1,250 @@
+"""`longctx sinks`: first-token attention, M-Act and gate statistics (definitions: shared/reference/gated.md §5).
+
+The chunked log-sum-exp path is checked against hand-computed values (zero queries give uniform causal
+attention, p(token 0 | query i) = 1/(i+1)) and against transformers' eager attention probabilities
+(`output_attentions=True`, `attn_implementation="eager"`) for a baseline, both gated variants and a
+YaRN checkpoint; M-Act against `output_hidden_states`; gate statistics against `record_gate_scores`.
+"""
+
+import json
+import random
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from longctx.sinks import analyze_sinks, first_token_probs, load_sinks, plot_sinks, token_windows
+
+L = 96  # window length of the model tests: short enough for 2 CPU cores, long enough to chunk
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    """Plain text (a .txt file is one document for iter_documents): random sentences, ~6k tokens."""
+    rng = random.Random(0)
+    words = "river stone cloud lantern copper meadow signal harbor violet engine orbit candle".split()
+    path = tmp_path_factory.mktemp("data") / "text.txt"
+    path.write_text(" ".join(f"The {rng.choice(words)} {rng.choice(words)}s near {rng.randint(0, 999)}."
+                             for _ in range(1000)))
+    return path
+
+
+def _checkpoint(root, tokenizer_dir, attention, edit=None, **overrides):
+    """A tiny `longctx init` checkpoint (trained length 256); `edit(model)` changes weights in place."""
+    from transformers import AutoModelForCausalLM
+
+    from longctx.models.presets import init_checkpoint
+
+    out = root / f"{attention}-{len(list(root.iterdir()))}"
+    init_checkpoint(out, "tiny", attention, tokenizer=str(tokenizer_dir), max_position_embeddings=256)
+    if edit is not None:
+        model = AutoModelForCausalLM.from_pretrained(out)
+        with torch.no_grad():
+            edit(model)
+        model.save_pretrained(out)
+    return out
+
+
+def _sharpen_gates(model):
+    """Spread the gate scores over (0, 1) so that the < 0.1 and < 0.5 fractions are not trivially 0 or 1/2."""
+    for layer in model.model.layers:
+        layer.self_attn.g_proj.weight.mul_(40)
+
+
+def test_first_token_probs_equals_softmax_with_gqa():
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 4, 37, 8) * 2, torch.randn(2, 2, 37, 8) * 2
+    scores = q @ k.repeat_interleave(2, dim=1).transpose(-1, -2) * 0.3  # transformers' repeat_kv mapping
+    scores.masked_fill_(torch.ones(37, 37, dtype=torch.bool).triu(1), float("-inf"))
+    expected = scores.softmax(-1)[..., 0]
+    for chunk in (1, 5, 37, None):
+        torch.testing.assert_close(first_token_probs(q, k, 0.3, chunk), expected, rtol=1e-5, atol=1e-6)
+    # zero queries: every visible key scores 0, so attention is uniform and p(token 0 | i) = 1/(i+1)
+    uniform = first_token_probs(torch.zeros(1, 4, 37, 8), k[:1], 0.3, 4)
+    torch.testing.assert_close(uniform, (1 / torch.arange(1, 38.0)).expand(1, 4, 37))
+
+
+@pytest.mark.parametrize("attention", ["baseline", "headwise"])
+def test_uniform_attention_matches_hand_computed_value(attention, tmp_path, reference_tokenizer_dir, text_file):
+    # q_proj = 0 -> q = q_norm(0) = 0 -> uniform causal attention in every layer and head:
+    # F-Attn = mean over i = 1..L-1 of 1/(i+1).
+    def zero_queries(model):
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.zero_()
+
+    ckpt = _checkpoint(tmp_path, reference_tokenizer_dir, attention, zero_queries)
+    r = analyze_sinks(ckpt, tmp_path / "out", data=str(text_file), tokens=2 * L, length=L, chunk=17, progress=False)
+    expected = sum(1 / (i + 1) for i in range(1, L)) / (L - 1)
+    doc = load_sinks(tmp_path / "out")
+    assert doc == json.loads(json.dumps(r["results"]))
+    assert doc["first_token_attention"] == pytest.approx([expected] * 2, rel=1e-6)
+    assert sum(doc["first_token_attention_per_head"], []) == pytest.approx([expected] * 8, rel=1e-6)
+    assert doc["averages"]["first_token_attention"] == pytest.approx(expected, rel=1e-6)
+    # bos: whether the tokenizer puts BOS first (the reference tokenizer, read by transformers 5, adds none)
+    assert doc["settings"].items() >= {"windows": 2, "length": L, "tokens_used": 2 * L, "bos": False}.items()
+    md = (tmp_path / "out" / "sinks.md").read_text()
+    assert "| Model | First-token attn | M-Act | Gate mean | Gate median | Gate <0.1 | Gate <0.5 |" in md
+    assert f"| {ckpt.name} | {expected:.3f} |" in md
+    if attention == "baseline":
+        assert doc["gate"] is None and doc["averages"]["gate_mean"] is None and "no gate" in md
+    else:
+        assert doc["gate"]["variant"] == "headwise" and "Gate mean per head (headwise)" in md
+    assert (tmp_path / "out" / "sinks.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("variant", ["baseline", "elementwise", "headwise", "yarn"])
+def test_chunked_path_equals_eager_attention(variant, tmp_path, reference_tokenizer_dir, text_file):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from longctx.models.gated_qwen3 import record_gate_scores
+
+    length = L
+    if variant == "yarn":
+        from longctx.rope import yarn_checkpoint
+
+        base = _checkpoint(tmp_path, reference_tokenizer_dir, "baseline")
+        ckpt = tmp_path / "yarn4x"
+        yarn_checkpoint(base, 4.0, ckpt)
+        length = 320  # past the original 256 positions, where YaRN's interpolation acts
+    else:
+        ckpt = _checkpoint(tmp_path, reference_tokenizer_dir, variant,
+                           _sharpen_gates if variant != "baseline" else None)
+    r = analyze_sinks(ckpt, tmp_path / "out", data=str(text_file), tokens=3 * length, length=length,
+                      batch_size=2, chunk=40, progress=False)["results"]
+
+    windows, _ = token_windows(AutoTokenizer.from_pretrained(ckpt), str(text_file), 3, length)
+    model = AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation="eager").eval()
+    if variant == "yarn":  # YaRN's attention scaling sits in cos/sin, hence in q and k
+        assert model.model.rotary_emb.attention_scaling == pytest.approx(0.1 * torch.log(torch.tensor(4.0)) + 1)
+    last_outputs = []
+    model.model.layers[-1].register_forward_hook(lambda _m, _i, out: last_outputs.append(out.abs().amax(dim=(1, 2))))
+    with torch.no_grad(), record_gate_scores(model) as gates:
+        o = model(torch.tensor(windows), output_attentions=True, output_hidden_states=True)
+
+    # F-Attn per layer and head: eager probabilities A[l][:, h, i, 0] averaged over windows and i >= 1
+    eager = torch.stack([a[:, :, 1:, 0].mean(dim=(0, 2)) for a in o.attentions])
+    per_head = torch.tensor(r["first_token_attention_per_head"])
+    torch.testing.assert_close(per_head, eager, rtol=1e-4, atol=1e-6)
+    assert r["first_token_attention"] == pytest.approx(eager.mean(1).tolist(), rel=1e-4)
+    # M-Act: hidden_states[l + 1] is layer l's output (the last entry is after the final norm, so the
+    # last layer's output comes from a hook); max over tokens and channels, mean over windows
+    maxima = [h.abs().amax(dim=(1, 2)) for h in o.hidden_states[1:-1]] + last_outputs
+    assert r["m_act"] == pytest.approx([m.mean().item() for m in maxima], rel=1e-6)
+    assert r["m_act_max"] == pytest.approx([m.max().item() for m in maxima], rel=1e-6)
+
+    if variant in ("baseline", "yarn"):
+        assert r["gate"] is None and gates == {}
+        return
+    g = r["gate"]
+    for i, scores in sorted(gates.items()):
+        per_head = scores.reshape(*scores.shape[:2], 4, -1).transpose(0, 2).reshape(4, -1)  # (head, values)
+        assert g["per_head"]["mean"][i] == pytest.approx(per_head.mean(1).tolist(), rel=1e-5)
+        assert g["per_head"]["below_0_1"][i] == pytest.approx((per_head < 0.1).double().mean(1).tolist())
+        assert g["per_head"]["below_0_5"][i] == pytest.approx((per_head < 0.5).double().mean(1).tolist())
+        assert g["per_head"]["median"][i] == pytest.approx(per_head.median(1).values.tolist(), abs=2e-4)
+        assert (g["mean"][i], g["median"][i]) == pytest.approx((scores.mean().item(), scores.median().item()),
+                                                               abs=2e-4)
+        assert 0.05 < g["below_0_1"][i] < 0.95
+    everything = torch.cat([s.flatten() for s in gates.values()])
+    a = r["averages"]
+    fractions = [(everything < x).double().mean().item() for x in (0.1, 0.5)]
+    assert (a["gate_mean"], a["gate_below_0_1"], a["gate_below_0_5"]) == pytest.approx(
+        (everything.mean().item(), *fractions))
+    assert a["gate_median"] == pytest.approx(everything.median().item(), abs=2e-4)
+
+
+def _fake_sinks(fingerprint, name, fta, m_act, gate_mean):
+    return {"format": "longctx-sinks/1", "model": {"name": name, "fingerprint": fingerprint}, "layers": 2,
+            "first_token_attention": [fta, fta], "m_act": [m_act, m_act],
+            "averages": {"first_token_attention": fta, "m_act": m_act, "gate_mean": gate_mean}}
+
+
+def test_compare_shows_sink_columns(tmp_path):
+    from test_report import _run, _scores_doc
+
+    from longctx.report import compare
+
+    base, _ = _run(tmp_path, "base", _scores_doc("base", "fp-base", {"vt": {4096: 90.0, 8192: 80.0}}))
+    gate, _ = _run(tmp_path, "gate", _scores_doc("gate", "fp-gate", {"vt": {4096: 95.0, 8192: 90.0}}))
+    plain, _ = _run(tmp_path, "plain", _scores_doc("plain", "fp-plain", {"vt": {4096: 70.0, 8192: 60.0}}))
+    before = compare([base, gate, plain])
+    assert "M-Act" not in before.markdown and before.sinks == {}
+
+    (base / "sinks.json").write_text(json.dumps(_fake_sinks("fp-base", "base", 0.4671, 1053.2, None)))
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "sinks.json").write_text(json.dumps(_fake_sinks("fp-gate", "gate", 0.048, 94.4, 0.116)))
+    (plain / "sinks.json").write_text(json.dumps(_fake_sinks("fp-other", "x", 0.3, 10.0, None)))
+    c = compare([base, gate, plain], sinks=[tmp_path / "elsewhere"], out_dir=tmp_path / "cmp")
+    assert c.columns[-3:] == ["First-token attn", "M-Act", "Gate mean"]
+    assert "| base | 90.00 | 80.00 | 85.00 | 0.467 | 1053 | no gate |" in c.markdown
+    assert "| gate | 95.00 | 90.00 | 92.50 | 0.048 | 94 | 0.116 |" in c.markdown
+    assert "| plain | 70.00 | 60.00 | 65.00 | - | - | - |" in c.markdown
+    assert any("sinks.json is for another checkpoint" in n for n in c.notes)
+    rows = (tmp_path / "cmp" / "compare.csv").read_text().splitlines()
+    assert rows[0].endswith(",first_token_attention,m_act,gate_mean")
+    assert rows[1].endswith(",0.4671,1053.2,") and rows[2].endswith(",0.048,94.4,0.116") and rows[3].endswith(",,,")
+    assert (tmp_path / "cmp" / "compare-sinks.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_takes_several_sinks_files(tmp_path):
+    for name, fta in (("a", 0.5), ("b", 0.05)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "sinks.json").write_text(json.dumps(_fake_sinks(name, name, fta, 100.0, None)))
+    out = plot_sinks([tmp_path / "a", tmp_path / "b" / "sinks.json"], tmp_path / "both.png")
+    assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def run(*args):
+    from longctx.cli import cli
+
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def test_cli_prints_the_table_and_files(tmp_path, tiny_checkpoint, text_file):
+    r = run("sinks", tiny_checkpoint, "--data", text_file, "--tokens", "128", "--length", "64", "-o", tmp_path / "o")
+    assert r.exit_code == 0, r.output
+    assert "| Model | First-token attn | M-Act |" in r.output and "no gate" in r.output
+    assert str(tmp_path / "o" / "sinks.json") in r.output
+    assert load_sinks(tmp_path / "o")["settings"]["windows"] == 2
+
+
+@pytest.mark.parametrize("args,message", [
+    (["{ckpt}", "--length", "512"], "longctx yarn {ckpt} --factor 2"),
+    (["{ckpt}", "--data", "{short}", "--length", "64", "--tokens", "128"], "gave 3 tokens, fewer than the 128 needed"),
+    (["{root}/missing", "--length", "64"], "does not exist"),
+    (["{root}", "--length", "64"], "has no config.json"),
+    (["{ckpt}", "--length", "64", "--dtype", "int3"], "unknown dtype 'int3'"),
+    (["{ckpt}", "--length", "1"], "too short"),
+    (["{ckpt}", "--data", "{root}/nope.txt", "--length", "64"], "nope.txt"),
+])
+def test_cli_bad_input_is_one_line_exit_2_nothing_written(args, message, tmp_path, tiny_checkpoint):
+    root = tmp_path / "bad"
+    root.mkdir()
+    (root / "short.txt").write_text("too short")
+    fmt = {"ckpt": tiny_checkpoint, "root": root, "short": root / "short.txt"}
+    r = run("sinks", *[a.format(**fmt) for a in args], "-o", root / "out")
+    assert r.exit_code == 2, r.output
+    assert message.format(**fmt) in r.stderr
+    assert r.stderr.startswith("Error: ") and r.stderr.count("\n") == 1, r.stderr
+    assert sorted(p.name for p in root.iterdir()) == ["short.txt"]
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_32k_on_one_gpu_within_the_memory_bound(tmp_path, reference_tokenizer_dir):
+    from longctx.models.presets import init_checkpoint
+
+    # the paper's 1.7B attention shape (16 query / 8 KV heads, head_dim 128, hidden 2048), 2 layers, bf16
+    ckpt = tmp_path / "gate"
+    init_checkpoint(ckpt, "tiny", "elementwise", tokenizer=str(reference_tokenizer_dir), dtype="bfloat16",
+                    hidden_size=2048, intermediate_size=6144, num_attention_heads=16, num_key_value_heads=8,
+                    head_dim=128, max_position_embeddings=32768)
+    torch.cuda.reset_peak_memory_stats()
+    r = analyze_sinks(ckpt, tmp_path / "out", tokens=32768, length=32768, progress=False)["results"]
+    # an L x L matrix of one layer would be 16 x 32k x 32k x 4 bytes = 64 GiB
+    assert torch.cuda.max_memory_allocated() < 8 * 2**30
+    assert r["settings"]["device"] == "cuda" and r["settings"]["dtype"] == "bfloat16"
+    assert all(0 < x < 1 for x in r["first_token_attention"]) and r["gate"]["variant"] == "elementwise"
+    other = analyze_sinks(ckpt, tmp_path / "out2", tokens=32768, length=32768, chunk=512, progress=False)["results"]
+    assert other["first_token_attention"] == pytest.approx(r["first_token_attention"], rel=1e-4)
