@@ -331,11 +331,50 @@ def _unique_names(runs: list[Results], dirs: list[Path]) -> list[str]:
     return names
 
 
+def _shared_sample_scores(runs: list[Results], dirs: list[Path], names: list[str], tasks: list[str],
+                          have: dict[str, list[int]], notes: list[str]) -> dict[str, dict[str, dict[int, Any]]]:
+    """Per run, task scores by length; where runs scored a (task, length) on different sample counts,
+    the larger runs are rescored on the first N samples (N = the smallest count) from their predictions,
+    when those are the same samples (same references) as the smallest run's. Else the table notes it."""
+    from longctx.eval.predictions import read_predictions
+    from longctx.eval.scoring import score_predictions
+
+    scores = {n: {t: dict(r["scores"][t]) for t in tasks} for n, r in zip(names, runs)}
+    rescored, unequal = [], []
+    for t in tasks:
+        for L in sorted({L for ls in have.values() for L in ls}):
+            members = [(n, r, d) for n, r, d in zip(names, runs, dirs) if L in have[n]]
+            counts = {n: r["samples"][t][L] for n, r, _ in members}
+            if len(set(counts.values())) < 2:
+                continue
+            n_min = min(counts.values())
+            preds = {n: read_predictions(d / "pred" / str(L) / f"{t}.jsonl") for n, _, d in members}
+            firsts = {n: [p.get(i) for i in range(n_min)] for n, p in preds.items()}
+            refs = [[None if rec is None else rec["outputs"] for rec in f] for f in firsts.values()]
+            if any(None in x for x in refs) or any(x != refs[0] for x in refs):
+                unequal.append(f"{t} {length_label(L)} ({', '.join(f'{n}: {c}' for n, c in counts.items())})")
+                continue
+            for n, r, _ in members:
+                if counts[n] > n_min:
+                    f = firsts[n]
+                    scores[n][t][L] = score_predictions([rec["pred"] for rec in f], [rec["outputs"] for rec in f],
+                                                        r["metrics"][t]).score
+            rescored.append(f"{t} {length_label(L)}: first {n_min}")
+    if rescored:
+        notes.append("sample counts differ; scored on the samples every run has: " + "; ".join(rescored))
+    if unequal:
+        notes.append("sample counts differ and the runs' predictions do not share their first samples, so these "
+                     "cells are each run's own samples: " + "; ".join(unequal))
+    return scores
+
+
 def compare(run_dirs: list[str | os.PathLike], baseline: str | os.PathLike | None = None,
             reference: int | None = None, out_dir: str | os.PathLike | None = None,
             sinks: Sequence[str | os.PathLike] = ()) -> Comparison:
-    """One table: a row per run, a column per shared length, degradation vs a reference length,
-    vs the run's parent (when it is the YaRN child of another run) and vs a baseline run.
+    """One table: a row per run, a column per length any run has ('-' where a run lacks it), Avg. over
+    the lengths every run has, degradation vs a reference length, and the mean per-length difference
+    vs the run's parent (when it is the YaRN child of another run) and vs a baseline run. Runs are
+    compared on the tasks they share and, where sample counts differ, on the samples they share.
 
     When runs have `longctx sinks` results (`<run_dir>/sinks.json`, or a sinks.json/directory in
     `sinks`, matched to a run by checkpoint fingerprint), first-token attention, M-Act and gate-mean
@@ -353,52 +392,69 @@ def compare(run_dirs: list[str | os.PathLike], baseline: str | os.PathLike | Non
     tasks = [t for t in runs[0]["tasks"] if all(t in r["tasks"] for r in runs)]
     if not tasks:
         raise InputError("these runs share no task; nothing to compare")
-    lengths = sorted(L for L in runs[0]["lengths"]
-                     if all(all(r["scores"][t].get(L) is not None for t in tasks) for r in runs))
-    if not lengths:
-        raise InputError("these runs share no length with scores for every shared task; nothing to compare")
     all_tasks = sorted({t for r in runs for t in r["tasks"]})
     if len(all_tasks) != len(tasks):
         notes.append(f"compared on the {len(tasks)} tasks every run has ({', '.join(tasks)}); "
                      f"left out: {', '.join(t for t in all_tasks if t not in tasks)}")
-    all_lengths = sorted({L for r in runs for L in r["lengths"]})
-    if all_lengths != lengths:
-        notes.append(f"compared on the lengths every run has ({', '.join(map(length_label, lengths))}); left out: "
-                     f"{', '.join(length_label(L) for L in all_lengths if L not in lengths)}")
-    counts = {n: sorted({r["samples"][t][L] for t in tasks for L in lengths}) for n, r in zip(names, runs)}
-    if len({tuple(c) for c in counts.values()}) > 1:
-        notes.append("sample counts differ: " + "; ".join(f"{n}: {'/'.join(map(str, c))} per task"
-                                                          for n, c in counts.items()))
-    per_length = {n: per_length_means(r["scores"], lengths, tasks) for n, r in zip(names, runs)}
+    # A run's lengths are those with a score for every shared task. Columns are all of them (a parent
+    # evaluated up to its trained length sits beside its YaRN child that goes further); averages and
+    # differences between runs use only the lengths both sides have.
+    have = {n: [L for L in r["lengths"] if all(r["scores"][t].get(L) is not None for t in tasks)]
+            for n, r in zip(names, runs)}
+    lengths = sorted({L for ls in have.values() for L in ls})
+    if not lengths:
+        raise InputError("no run has a length with scores for every shared task; nothing to compare")
+    shared = [L for L in lengths if all(L in ls for ls in have.values())]
+    scores = _shared_sample_scores(runs, dirs, names, tasks, have, notes)
+    per_length = {n: {L: (per_length_means(scores[n], [L], tasks)[L] if L in have[n] else None) for L in lengths}
+                  for n in names}
     if reference is None:
         trained = [r["model"].get("trained_length") for r in runs]
         limit = min((t for t in trained if t), default=None)
-        below = [L for L in lengths if limit is None or L <= limit]
-        reference = max(below) if below else lengths[0]
+        pool = shared or lengths
+        below = [L for L in pool if limit is None or L <= limit]
+        reference = max(below) if below else pool[0]
     elif reference not in lengths:
-        raise InputError(f"--reference {reference} is not a length every run has "
-                         f"(shared: {', '.join(map(str, lengths))})")
+        raise InputError(f"--reference {reference} is not a length any run has with every shared task "
+                         f"(lengths: {', '.join(map(str, lengths))})")
     later = [L for L in lengths if L > reference]
     by_fp = {r["model"].get("fingerprint"): n for n, r in zip(names, runs)}
     base_name = names[dirs.index(Path(baseline))] if baseline is not None else None
+    avg_over = shared if shared else None
+    if avg_over is not None and avg_over != lengths:
+        notes.append(f"Avg. is over the lengths every run has ({', '.join(map(length_label, avg_over))}); "
+                     "'-': a length the run does not have")
+    elif avg_over is None:
+        notes.append("the runs share no length: Avg. is over each run's own lengths, not comparable across runs")
+
+    def avg(n: str) -> float | None:
+        return _mean([per_length[n][L] for L in (avg_over or have[n])])
+
+    def gap(n: str, other: str) -> str:
+        """Mean per-length difference against another run, over the lengths both have."""
+        both = [L for L in lengths if per_length[n][L] is not None and per_length[other][L] is not None]
+        return f"{_mean([per_length[n][L] - per_length[other][L] for L in both]):+.2f}" if both else "-"
+
+    def delta(n: str, L: int) -> float | None:
+        pl = per_length[n]
+        return None if pl[L] is None or pl[reference] is None else round(pl[L] - pl[reference], 2)
+
     columns = ["Run", *map(length_label, lengths), "Avg.",
                *[f"Δ{length_label(L)} vs {length_label(reference)}" for L in later]]
     parents = {n: by_fp.get(r["model"].get("parent_fingerprint")) for n, r in zip(names, runs)}
     if any(parents.values()):
-        columns.append("Δ vs parent (avg)")
+        columns.append("Δ vs parent")
     if base_name is not None:
-        columns.append(f"Δ vs {base_name} (avg)")
+        columns.append(f"Δ vs {base_name}")
     rows = []
     for n in names:
-        pl = per_length[n]
-        avg = _mean([pl[L] for L in lengths])
-        row = [n, *[_fmt(pl[L]) for L in lengths], _fmt(avg),
-               *[f"{pl[L] - pl[reference]:+.2f}" for L in later]]
+        row = [n, *[_fmt(per_length[n][L]) for L in lengths], _fmt(avg(n)),
+               *["-" if delta(n, L) is None else f"{delta(n, L):+.2f}" for L in later]]
         if any(parents.values()):
             p = parents[n]
-            row.append(f"{avg - _mean([per_length[p][L] for L in lengths]):+.2f} ({p})" if p else "")
+            row.append(f"{gap(n, p)} ({p})" if p else "")
         if base_name is not None:
-            row.append(f"{avg - _mean([per_length[base_name][L] for L in lengths]):+.2f}")
+            row.append(gap(n, base_name))
         rows.append(row)
     sink_docs, sink_notes = sinks_for_runs(runs, dirs, sinks)
     notes += sink_notes
@@ -410,8 +466,9 @@ def compare(run_dirs: list[str | os.PathLike], baseline: str | os.PathLike | Non
                      sinks={n: d for n, d in zip(names, sink_docs) if d is not None})
     lines = [_row(columns), _row(["---"] * len(columns)), *map(_row, rows)]
     lines.append("")
-    lines.append(f"Scores: mean of {len(tasks)} RULER tasks per length; Δ columns are differences in points "
-                 f"against {length_label(reference)} (reference length).")
+    lines.append(f"Scores: mean of {len(tasks)} RULER tasks per length; ΔL vs {length_label(reference)}: the run's "
+                 f"score at L minus its score at the reference length {length_label(reference)}; Δ vs another run: "
+                 "the mean per-length difference over the lengths both have.")
     if cmp.sinks:
         lines.append("First-token attn, M-Act, Gate mean: 'longctx sinks' averages over layers (from sinks.json).")
     lines += [f"Note: {x}" for x in notes]
@@ -427,8 +484,8 @@ def compare(run_dirs: list[str | os.PathLike], baseline: str | os.PathLike | Non
         for n in names:
             pl = per_length[n]
             averages = cmp.sinks[n]["averages"] if n in cmp.sinks else {}
-            w.writerow([n, *[pl[L] for L in lengths], _mean([pl[L] for L in lengths]),
-                        *[round(pl[L] - pl[reference], 2) for L in later],
+            w.writerow([n, *["" if pl[L] is None else pl[L] for L in lengths], avg(n),
+                        *["" if delta(n, L) is None else delta(n, L) for L in later],
                         *["" if averages.get(k) is None else averages[k] for k in sink_keys]])
         _write_atomic(out / "compare.csv", buf.getvalue())
         cmp.files += [out / "compare.md", out / "compare.csv"]

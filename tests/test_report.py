@@ -72,15 +72,48 @@ def test_compare_shared_tasks_lengths_parent_and_baseline(tmp_path):
         "base-yarn4x", "fp-child", {"vt": {4096: 80.0, 8192: 70.0, 16384: 50.0}}, samples=5,
         context=131072, parent="fp-base"))
     c = compare([base, child], baseline=base, out_dir=tmp_path / "cmp")
-    assert c.tasks == ["vt"] and c.lengths == [4096, 8192] and c.reference == 8192
-    assert c.per_length["base-yarn4x"] == {4096: 80.0, 8192: 70.0}
-    assert any("left out: cwe" in n for n in c.notes) and any("left out: 16K" in n for n in c.notes)
-    assert any("sample counts differ" in n for n in c.notes)
-    assert "| base-yarn4x | 80.00 | 70.00 | 75.00 | -10.00 (base) | -10.00 |" in c.markdown
+    # every length any run has is a column; the parent has no 16K ('-'); Avg. and the run-vs-run
+    # differences use the shared lengths (4K, 8K); the reference is the longest shared trained length
+    assert c.tasks == ["vt"] and c.lengths == [4096, 8192, 16384] and c.reference == 8192
+    assert c.per_length["base-yarn4x"] == {4096: 80.0, 8192: 70.0, 16384: 50.0}
+    assert c.per_length["base"] == {4096: 90.0, 8192: 80.0, 16384: None}
+    assert any("left out: cwe" in n for n in c.notes)
+    assert any("Avg. is over the lengths every run has (4K, 8K)" in n for n in c.notes)
+    # no predictions to rescore from: said, not hidden
+    assert any("do not share their first samples" in n and "vt 4K (base: 10, base-yarn4x: 5)" in n for n in c.notes)
+    assert "| Run | 4K | 8K | 16K | Avg. | Δ16K vs 8K | Δ vs parent | Δ vs base |" in c.markdown
+    assert "| base-yarn4x | 80.00 | 70.00 | 50.00 | 75.00 | -20.00 | -10.00 (base) | -10.00 |" in c.markdown
+    assert "| base | 90.00 | 80.00 | - | 85.00 | - |  | +0.00 |" in c.markdown
+    assert (tmp_path / "cmp" / "compare.csv").read_text().splitlines()[1:] == [
+        "base,90.0,80.0,,85.0,", "base-yarn4x,80.0,70.0,50.0,75.0,-20.0"]
     c2 = compare([base, child], reference=4096)
-    assert "Δ8K vs 4K" in c2.markdown and "| base | 90.00 | 80.00 | 85.00 | -10.00 |" in c2.markdown
+    assert "Δ8K vs 4K" in c2.markdown and "| base | 90.00 | 80.00 | - | 85.00 | -10.00 | - |  |" in c2.markdown
     assert sorted(p.name for p in c.files) == ["compare.csv", "compare.md", "compare.png"]
-    with pytest.raises(InputError, match="is not a length every run has"):
-        compare([base, child], reference=16384)
+    with pytest.raises(InputError, match="is not a length any run has"):
+        compare([base, child], reference=65536)
     with pytest.raises(InputError, match="has no results.json"):
         compare([base, tmp_path])
+
+
+def _predictions(run_dir, length, task, rows):
+    d = run_dir / "pred" / str(length)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"{task}.jsonl").write_text("".join(json.dumps({"index": i, "pred": p, "outputs": o}) + "\n"
+                                             for i, (p, o) in enumerate(rows)))
+
+
+def test_compare_rescores_on_the_samples_every_run_has(tmp_path):
+    """A 10-sample run against a 5-sample run: the larger one is rescored on its first 5 samples (the same
+    prompts: RULER draws samples in sequence from one seed), from its predictions."""
+    refs = [[f"{1000 + i}"] for i in range(10)]
+    big, _ = _run(tmp_path, "big", _scores_doc("big", "fp-big", {"vt": {4096: 50.0}}, samples=10))
+    _predictions(big, 4096, "vt", [(r[0] if i < 5 else "no", r) for i, r in enumerate(refs)])  # first 5 right
+    small, _ = _run(tmp_path, "small", _scores_doc("small", "fp-small", {"vt": {4096: 60.0}}, samples=5))
+    _predictions(small, 4096, "vt", [(r[0] if i < 3 else "no", r) for i, r in enumerate(refs[:5])])
+    c = compare([big, small])
+    assert c.per_length["big"] == {4096: 100.0} and c.per_length["small"] == {4096: 60.0}
+    assert any("scored on the samples every run has: vt 4K: first 5" in n for n in c.notes)
+    # other samples (different references): not rescored, and the note says why
+    _predictions(small, 4096, "vt", [(r[0], [r[0] + "x"]) for r in refs[:5]])
+    c = compare([big, small])
+    assert c.per_length["big"] == {4096: 50.0} and any("do not share their first samples" in n for n in c.notes)
