@@ -12,7 +12,7 @@ import click
 
 from longctx import __version__
 from longctx.errors import InputError
-from longctx.params import FACTOR, LENGTHS, NUMBER
+from longctx.params import COUNT, FACTOR, LENGTHS, NUMBER
 from ruler_tasks.errors import RulerInputError
 
 
@@ -320,6 +320,62 @@ def sinks(checkpoint, data, tokens, length, output, batch_size, chunk, dtype, de
     for note in r["notes"]:
         click.echo(f"note: {note}")
     click.echo(f"wrote {', '.join(str(p) for p in r['files'])}")
+
+
+@cli.command()
+@click.argument("checkpoint")
+@click.option("--rope-base", type=NUMBER, help="New RoPE base (ABF), e.g. 1e6 [default: keep the checkpoint's].")
+@click.option("--seq-len", type=LENGTHS, required=True,
+              help="Training sequence length, e.g. 32k; becomes max_position_embeddings.")
+@click.option("--data", multiple=True, required=True,
+              help="Training text (repeatable): a .txt/.jsonl/.json/.parquet file, a directory of them, a saved "
+                   "dataset, hf:<dataset id>[:split] or synthetic:<kind>.")
+@click.option("--short-data", multiple=True, help="Short documents mixed in for --short-fraction of the tokens "
+                                                   "(repeatable; same forms as --data).")
+@click.option("--short-fraction", type=float, default=0.0, show_default=True,
+              help="Share of the tokens from --short-data (ProLong: 0.3-0.4).")
+@click.option("--tokens", type=COUNT, help="Tokens to train on, e.g. 80B or 1e9 (k/M = x1024, B = 10^9).")
+@click.option("--steps", type=click.IntRange(min=1), help="Optimizer steps (instead of --tokens).")
+@click.option("-o", "--output", required=True, type=click.Path(), help="Output checkpoint directory.")
+@click.option("--lr", type=float, default=2e-5, show_default=True, help="Peak learning rate (AdamW).")
+@click.option("--warmup-fraction", type=float, default=0.1, show_default=True, help="Share of steps in warmup.")
+@click.option("--min-lr-ratio", type=float, default=0.1, show_default=True, help="Cosine decays to lr x this.")
+@click.option("--tokens-per-step", type=COUNT,
+              help="Tokens per optimizer step, rounded to whole sequences [default: 4M, at most --tokens / 20].")
+@click.option("--micro-batch-size", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Sequences per forward pass on each rank.")
+@click.option("--save-every", type=click.IntRange(min=1), help="Save resumable state every N steps [default: at the end].")
+@click.option("--resume", is_flag=True, help="Continue from the latest state in OUTPUT.train/ (same settings).")
+@click.option("--overwrite", is_flag=True, help="Replace OUTPUT and start over in OUTPUT.train/.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the data order and synthetic data.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]),
+              help="Compute dtype [default: bfloat16 on GPU, float32 on CPU].")
+@click.option("--no-gradient-checkpointing", is_flag=True, help="Keep activations (faster, far more memory).")
+@click.option("--cp-size", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Context-parallel ranks per sequence (GPUs; causal attention, no document masking).")
+@click.option("--cache-dir", type=click.Path(), help="Tokenized-data cache [default: ~/.cache/longctx/data].")
+def extend(checkpoint, rope_base, seq_len, data, short_data, short_fraction, tokens, steps, output, lr,
+           warmup_fraction, min_lr_ratio, tokens_per_step, micro_batch_size, save_every, resume, overwrite, seed,
+           dtype, no_gradient_checkpointing, cp_size, cache_dir):
+    """Raise CHECKPOINT's RoPE base and continue training it on --seq-len sequences (accelerate; FSDP2 on many ranks).
+
+    \b
+    One process:  longctx extend CKPT --rope-base 1e6 --seq-len 32k --data DATA --tokens 1B -o OUT
+    8 GPUs:       torchrun --nproc_per_node 8 -m longctx extend ...   (or: accelerate launch -m longctx extend ...)
+    """
+    from longctx.train.loop import TrainSettings, train
+
+    if len(seq_len) != 1:
+        raise InputError("--seq-len takes one length (e.g. 32k)")
+    settings = TrainSettings(
+        checkpoint=checkpoint, output=output, seq_len=seq_len[0], data=list(data), rope_base=rope_base,
+        short_data=list(short_data), short_fraction=short_fraction, tokens=tokens, steps=steps,
+        tokens_per_step=tokens_per_step, micro_batch_size=micro_batch_size, lr=lr, warmup_fraction=warmup_fraction,
+        min_lr_ratio=min_lr_ratio, save_every=save_every, seed=seed, dtype=dtype,
+        gradient_checkpointing=not no_gradient_checkpointing, cp_size=cp_size, resume=resume, overwrite=overwrite,
+        cache_dir=cache_dir)
+    r = train(settings)
+    click.echo(f"log: {r['log']}")
 
 
 def main():

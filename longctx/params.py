@@ -47,6 +47,29 @@ def parse_number(text: str | float | int) -> int | float:
     return int(value) if value.is_integer() and abs(value) < 2**53 else value
 
 
+_COUNT = re.compile(r"(\d+(?:_\d+)*(?:\.\d+)?)([kKmMbBtT]?)")
+# k/K and m/M as in lengths (x1024: "4M" tokens per step = 128 x 32k); B and T are the decimal words
+# billion and trillion ("80B tokens" = 80,000,000,000), as papers count training tokens.
+_COUNT_UNIT = {**_UNIT, "b": 10**9, "B": 10**9, "t": 10**12, "T": 10**12}
+
+
+def parse_count(text: str | int) -> int:
+    """A whole count > 0, e.g. of tokens: '80B' -> 80_000_000_000, '4M' -> 4_194_304, '1e9', '1_000_000'."""
+    item = str(text).strip()
+    m = _COUNT.fullmatch(item)
+    if m is not None:
+        value = float(m.group(1).replace("_", "")) * _COUNT_UNIT[m.group(2)]
+    else:
+        try:
+            value = float(parse_number(item))
+        except ValueError:
+            raise ValueError(f"'{text}' is not a count (use e.g. 80B, 4M, 1e9 or 1_000_000; k/M are x1024, "
+                             "B/T are 10^9/10^12)") from None
+    if value <= 0 or not value.is_integer():
+        raise ValueError(f"'{text}' must be a whole number > 0 (e.g. 80B, 4M or 1e9)")
+    return int(value)
+
+
 def parse_factor(text: str | float | int) -> float:
     """A scaling factor: a float > 1 (4 means 32k -> 128k)."""
     try:
@@ -85,6 +108,12 @@ class FactorType(_ParsedType):
     parser = staticmethod(parse_factor)
 
 
+class CountType(_ParsedType):
+    name = "count"
+    parser = staticmethod(parse_count)
+
+
 LENGTHS = LengthsType()
 NUMBER = NumberType()
 FACTOR = FactorType()
+COUNT = CountType()

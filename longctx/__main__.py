@@ -1,0 +1,5 @@
+"""`python -m longctx ...`: what `torchrun -m longctx extend ...` and `accelerate launch -m longctx ...` run."""
+
+from longctx.cli import main
+
+main()
