@@ -282,6 +282,23 @@ def convert(src, out, source, overwrite):
                f"{r['kv_groups']} query heads per KV head")
 
 
+@cli.command("run")
+@click.argument("recipe", type=click.Path())
+@click.option("-o", "--output", type=click.Path(), help="Output folder [default: runs/<recipe name>].")
+@click.option("--from", "from_stage", help="Rerun from this stage on (init, convert, pretrain, extend, yarn, ruler, "
+                                           "sinks, compare); the stages before it must have run.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (settings, outputs, run/skip, launch lines); run nothing.")
+def run(recipe, output, from_stage, dry_run):
+    """Run a recipe (recipes/*.yaml): every model through its stages, then the comparison table.
+
+    Each stage is skipped when its outputs exist and its settings and inputs are unchanged, so rerunning
+    the same command resumes an interrupted run.
+    """
+    from longctx.pipeline import run_recipe
+
+    run_recipe(recipe, output, from_stage, dry_run, log=click.echo)
+
+
 @cli.command()
 @click.argument("checkpoint")
 @click.option("--data", help="Text: a .txt/.jsonl/.json/.parquet file, a directory of them, a saved dataset, "

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from longctx import __version__
 from longctx.cli import cli
 
-VERBS = ["compare", "convert", "extend", "info", "init", "ruler", "sinks", "yarn"]
+VERBS = ["compare", "convert", "extend", "info", "init", "ruler", "run", "sinks", "yarn"]
 
 
 def run(*args):
