@@ -146,6 +146,17 @@ def _to_json(results: Results) -> dict:
     return out
 
 
+def read_versioned_json(path: Path, fmt: str, kind: str) -> dict:
+    """A JSON object whose "format" is `fmt`, or InputError naming what `path` is not."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != fmt:
+        raise InputError(f"{path} is not a longctx {kind} file (format {fmt})")
+    return doc
+
+
 def load_results(run_dir: str | os.PathLike) -> Results:
     """A run directory's results.json with int length keys, or InputError saying what is missing."""
     path = Path(run_dir) / RESULTS_FILE
@@ -154,12 +165,7 @@ def load_results(run_dir: str | os.PathLike) -> Results:
     if not path.is_file():
         raise InputError(f"'{run_dir}' has no {RESULTS_FILE} (not a finished 'longctx ruler' run; "
                          f"finish it with 'longctx ruler CKPT ... -o {run_dir}')")
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputError(f"{path} is not valid JSON ({e})") from None
-    if not isinstance(doc, dict) or doc.get("format") != RESULTS_FORMAT:
-        raise InputError(f"{path} is not a longctx results file (format {RESULTS_FORMAT})")
+    doc = read_versioned_json(path, RESULTS_FORMAT, "results")
     for key in ("scores", "nulls", "samples"):
         doc[key] = {t: _int_keys(row) for t, row in doc[key].items()}
     doc["per_length"] = _int_keys(doc["per_length"])

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from longctx.errors import InputError
-from longctx.report import ModelInfo, _row
+from longctx.report import ModelInfo, _row, read_versioned_json
 
 SINKS_FORMAT = "longctx-sinks/1"
 SINKS_FILE = "sinks.json"
@@ -409,13 +409,9 @@ def load_sinks(path: str | os.PathLike) -> SinksResults:
     p = Path(path)
     if p.is_dir():
         p = p / SINKS_FILE
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputError(f"cannot read {p} ({type(e).__name__}); run 'longctx sinks CKPT -o DIR' first") from None
-    if not isinstance(doc, dict) or doc.get("format") != SINKS_FORMAT:
-        raise InputError(f"{p} is not a longctx sinks file (format {SINKS_FORMAT})")
-    return doc  # type: ignore[return-value]
+    if not p.is_file():
+        raise InputError(f"{p} does not exist; run 'longctx sinks CKPT -o DIR' first")
+    return read_versioned_json(p, SINKS_FORMAT, "sinks")  # type: ignore[return-value]
 
 
 def _num(v: float | None, digits: int = 3) -> str:
