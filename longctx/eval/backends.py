@@ -75,6 +75,9 @@ class VllmBackend:
 
     def _engine(self):
         if self.llm is None:
+            # vLLM's INFO lines (engine config, kernels, KV cache) bury the progress bars and tables;
+            # warnings still show. VLLM_LOGGING_LEVEL=INFO brings them back.
+            os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
             try:
                 from vllm import LLM
             except ImportError:
