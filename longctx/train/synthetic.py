@@ -6,7 +6,8 @@ every depth of its sequence length:
 
 - `niah`: key -> value needles (word keys or uuids; 7-digit numbers, uuids or words as values; one or
   several keys, values and queries) in a noise haystack ("The grass is green. ..."), a haystack of
-  random-word sentences, or a haystack of distractor needles;
+  random-word sentences, or a haystack of distractor needles; half the documents with several keys
+  ask follow-up questions about the other keys (more retrievals per token);
 - `vt`: chains of variable assignments (`VAR ABCDE = 12345`, `VAR FGHIJ = VAR ABCDE`) among noise;
 - `cwe`: a numbered word list in which a few words repeat more often than the others;
 - `fwe`: coded text whose word frequencies follow a Zipf law, ask for the most frequent ones;
@@ -23,7 +24,8 @@ Lengths are estimated, not tokenized (the tokenizer is not known here): `approx_
 1.3 tokens per short word, more for long ones, plus one per digit (SentencePiece and most BPEs split
 long numbers) and one per punctuation mark. `length_tokens` is the target; each document's estimate is
 drawn uniformly in [0.8, 1] x the target, so that with the reference 32k SentencePiece tokenizer a
-document holds about 0.5-1.0x the target (0.65x on average) and fits a sequence of that many tokens.
+document holds about 0.5-1.0x the target (0.65x on average) and fits a sequence of that many tokens
+(below ~256 tokens the question and answer alone can exceed the target).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from longctx.errors import InputError
 
 KINDS: tuple[str, ...] = ("mixed", "niah", "vt", "cwe", "fwe")
 NATURAL_LENGTH = 1024  # tokens: the target when `length_tokens` is None
-MIN_LENGTH = 256  # below this the question and answer leave no room for a haystack
+MIN_LENGTH = 128  # the question and answer take about 100 tokens: below this no haystack is left
 # Share of each kind in `mixed`: retrieval of needles first (8 of RULER's 13 tasks are NIAH).
 MIX_WEIGHTS = {"niah": 0.6, "vt": 0.15, "cwe": 0.1, "fwe": 0.15}
 RULER_STYLE = 0.75  # fraction of documents phrased exactly as RULER phrases its tasks
