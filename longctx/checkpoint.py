@@ -64,7 +64,7 @@ def weight_files(path: Path) -> list[Path]:
 # --- fingerprints -------------------------------------------------------------------------------
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
     root = os.environ.get("LONGCTX_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "longctx"
     )
@@ -75,7 +75,7 @@ def _file_sha256(path: Path) -> str:
     """sha256 of a weight file, cached by (real path, size, mtime): hashing 3 GB takes seconds."""
     st = path.stat()
     key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-    cache_file = _cache_dir() / "file-hashes.json"
+    cache_file = cache_dir() / "file-hashes.json"
     try:
         cache = json.loads(cache_file.read_text())
     except (OSError, json.JSONDecodeError):

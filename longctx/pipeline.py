@@ -680,9 +680,9 @@ def training_curves(checkpoints: list[Path], out: Path) -> tuple[str, list[Path]
     (out / "loss.md").write_text(md + "\n", encoding="utf-8")
     files, notes = [out / "loss.md"], []
     try:
-        from longctx.report import _pyplot
+        from longctx.report import pyplot
 
-        plt = _pyplot()
+        plt = pyplot()
         fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
         for name, rows in logs.items():
             ax.plot([r.get("step", i + 1) for i, r in enumerate(rows)], [r["loss"] for r in rows], label=name)

@@ -107,7 +107,7 @@ def _int_keys(d: dict) -> dict:
     return {int(k): v for k, v in d.items()}
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
         f.write(text)
@@ -189,10 +189,10 @@ def write_report(run_dir: str | os.PathLike, plot: bool = True) -> Report:
         raise InputError(f"'{run}' has no readable {SCORES_FILE} ({e.__class__.__name__}); run 'longctx ruler' first") from None
     results = build_results(scores_doc)
     rep = Report(results)
-    _write_atomic(run / RESULTS_FILE, json.dumps(_to_json(results), indent=2) + "\n")
+    write_atomic(run / RESULTS_FILE, json.dumps(_to_json(results), indent=2) + "\n")
     rep.markdown = summary_markdown([results]) + "\n\n" + task_markdown(results)
-    _write_atomic(run / "results.md", rep.markdown + "\n")
-    _write_atomic(run / "results.csv", task_csv(results))
+    write_atomic(run / "results.md", rep.markdown + "\n")
+    write_atomic(run / "results.csv", task_csv(results))
     rep.files += [run / RESULTS_FILE, run / "results.md", run / "results.csv"]
     if plot:
         try:
@@ -216,7 +216,7 @@ def _fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
-def _row(cells: list[str]) -> str:
+def markdown_row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
@@ -225,11 +225,11 @@ def summary_markdown(runs: list[Results]) -> str:
     lengths = sorted({L for r in runs for L in r["lengths"]})
     head = ["Models", "Claimed Length", "Effective Length", *map(length_label, lengths),
             "Avg.", "wAvg. (inc)", "wAvg. (dec)"]
-    lines = [_row(head), _row(["---"] * len(head))]
+    lines = [markdown_row(head), markdown_row(["---"] * len(head))]
     for r in runs:
         claimed = r["model"].get("context_length")
         eff = r["effective_length"]
-        lines.append(_row([
+        lines.append(markdown_row([
             r["model"].get("name", "?"), length_label(claimed) if claimed else "-",
             f"<{length_label(min(r['lengths']))}" if eff is None else length_label(eff),
             *[_fmt(r["per_length"].get(L)) for L in lengths], _fmt(r["avg"]), _fmt(r["wavg_inc"]),
@@ -241,14 +241,14 @@ def task_markdown(r: Results) -> str:
     """One row per task (its metric, a score per length), then the per-length mean; nulls when any."""
     lengths = r["lengths"]
     head = ["Task", "Metric", *map(length_label, lengths)]
-    lines = [_row(head), _row(["---"] * len(head))]
+    lines = [markdown_row(head), markdown_row(["---"] * len(head))]
     for t in r["tasks"]:
-        lines.append(_row([t, r["metrics"].get(t, "-"), *[_fmt(r["scores"][t].get(L)) for L in lengths]]))
-    lines.append(_row(["**mean**", "", *[_fmt(r["per_length"].get(L)) for L in lengths]]))
+        lines.append(markdown_row([t, r["metrics"].get(t, "-"), *[_fmt(r["scores"][t].get(L)) for L in lengths]]))
+    lines.append(markdown_row(["**mean**", "", *[_fmt(r["per_length"].get(L)) for L in lengths]]))
     null_cells = [sum(r["nulls"][t].get(L) or 0 for t in r["tasks"]) for L in lengths]
     if any(null_cells):
         totals = [sum(r["samples"][t].get(L) or 0 for t in r["tasks"]) for L in lengths]
-        lines.append(_row(["nulls", "", *[f"{n}/{m}" for n, m in zip(null_cells, totals)]]))
+        lines.append(markdown_row(["nulls", "", *[f"{n}/{m}" for n, m in zip(null_cells, totals)]]))
     return "\n".join(lines)
 
 
@@ -266,7 +266,7 @@ def task_csv(r: Results) -> str:
 # --- plots ----------------------------------------------------------------------------------------
 
 
-def _pyplot():
+def pyplot():
     try:
         import matplotlib
 
@@ -278,7 +278,7 @@ def _pyplot():
 
 
 def _plot_lines(series: list[tuple[str, list[int], list[float | None], dict]], title: str, out: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
     all_lengths = sorted({L for _, ls, _, _ in series for L in ls})
     for label, ls, vs, style in series:
@@ -470,7 +470,7 @@ def compare(run_dirs: list[str | os.PathLike], baseline: str | os.PathLike | Non
             row += compare_cells(doc)
     cmp = Comparison(names, lengths, tasks, reference, per_length, columns, rows, notes,
                      sinks={n: d for n, d in zip(names, sink_docs) if d is not None})
-    lines = [_row(columns), _row(["---"] * len(columns)), *map(_row, rows)]
+    lines = [markdown_row(columns), markdown_row(["---"] * len(columns)), *map(markdown_row, rows)]
     lines.append("")
     lines.append(f"Scores: mean of {len(tasks)} RULER tasks per length; ΔL vs {length_label(reference)}: the run's "
                  f"score at L minus its score at the reference length {length_label(reference)}; Δ vs another run: "
@@ -482,7 +482,7 @@ def compare(run_dirs: list[str | os.PathLike], baseline: str | os.PathLike | Non
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        _write_atomic(out / "compare.md", cmp.markdown + "\n")
+        write_atomic(out / "compare.md", cmp.markdown + "\n")
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
         sink_keys = ["first_token_attention", "m_act", "gate_mean"] if cmp.sinks else []
@@ -493,7 +493,7 @@ def compare(run_dirs: list[str | os.PathLike], baseline: str | os.PathLike | Non
             w.writerow([n, *["" if pl[L] is None else pl[L] for L in lengths], avg(n),
                         *["" if delta(n, L) is None else delta(n, L) for L in later],
                         *["" if averages.get(k) is None else averages[k] for k in sink_keys]])
-        _write_atomic(out / "compare.csv", buf.getvalue())
+        write_atomic(out / "compare.csv", buf.getvalue())
         cmp.files += [out / "compare.md", out / "compare.csv"]
         try:
             _plot_lines([(n, lengths, [per_length[n][L] for L in lengths], {}) for n in names],

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from longctx.errors import InputError
-from longctx.report import ModelInfo, _row, read_versioned_json
+from longctx.report import ModelInfo, markdown_row, read_versioned_json
 
 SINKS_FORMAT = "longctx-sinks/1"
 SINKS_FILE = "sinks.json"
@@ -242,10 +242,10 @@ def token_windows(tokenizer, spec: str, windows: int, length: int, seed: int = 0
     """`windows` windows of `length` token ids: the documents of `spec` tokenized and concatenated (EOS
     between documents), cut into consecutive pieces, each behind the BOS the tokenizer adds (if any),
     so token 0 is what the model sees first in ordinary use. Returns (windows, whether BOS leads them)."""
-    from longctx.eval.runner import _special_tokens_added
+    from longctx.eval.runner import special_tokens_added
     from longctx.train.data import iter_documents
 
-    bos = [tokenizer.bos_token_id] if _special_tokens_added(tokenizer) and tokenizer.bos_token_id is not None else []
+    bos = [tokenizer.bos_token_id] if special_tokens_added(tokenizer) and tokenizer.bos_token_id is not None else []
     body = length - len(bos)
     need = windows * body
     stream: list[int] = []
@@ -311,8 +311,8 @@ def analyze_sinks(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, 
     import torch
 
     from longctx.checkpoint import checkpoint_dir, fingerprint, read_config, versions
-    from longctx.eval.runner import _check_length, _model_info
-    from longctx.report import _write_atomic
+    from longctx.eval.runner import check_length, model_info
+    from longctx.report import write_atomic
     from longctx.rope import read_rope
 
     t0 = time.time()
@@ -328,7 +328,7 @@ def analyze_sinks(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, 
         length = min(rope.trained_length or DEFAULT_MAX_LENGTH, DEFAULT_MAX_LENGTH)
     if length < 2:
         raise InputError(f"--length {length} is too short: first-token attention needs at least 2 tokens")
-    _check_length(ckpt, rope, length)
+    check_length(ckpt, rope, length)
     if tokens < 1 or batch_size < 1 or (chunk is not None and chunk < 1):
         raise InputError("--tokens, --batch-size and --chunk must be positive")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -374,7 +374,7 @@ def analyze_sinks(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, 
     gate_total = stats.pop("gate_total", None)
     fta, m_act = stats["first_token_attention"], stats["m_act"]
     results = SinksResults(
-        format=SINKS_FORMAT, model=_model_info(ckpt, cfg, rope, fp),
+        format=SINKS_FORMAT, model=model_info(ckpt, cfg, rope, fp),
         settings={"data": spec, "tokens": tokens, "windows": n_windows, "length": length,
                   "tokens_used": n_windows * length, "bos": bos, "seed": seed, "batch_size": batch_size,
                   "chunk": chunk, "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
@@ -390,8 +390,8 @@ def analyze_sinks(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, 
     )
     markdown = sinks_markdown([results]) + "\n\n" + layer_markdown(results)
     out.mkdir(parents=True, exist_ok=True)
-    _write_atomic(out / SINKS_FILE, json.dumps(results, indent=2) + "\n")
-    _write_atomic(out / "sinks.md", markdown + "\n")
+    write_atomic(out / SINKS_FILE, json.dumps(results, indent=2) + "\n")
+    write_atomic(out / "sinks.md", markdown + "\n")
     files, notes = [out / SINKS_FILE, out / "sinks.md"], []
     if plot:
         try:
@@ -429,10 +429,10 @@ SUMMARY_COLUMNS = ["Model", "First-token attn", "M-Act", "Gate mean", "Gate medi
 def sinks_markdown(runs: Sequence[SinksResults], names: Sequence[str] | None = None) -> str:
     """The paper's Table 4 shape: a row per checkpoint, averages over layers."""
     names = names or [r["model"].get("name", "?") for r in runs]
-    lines = [_row(SUMMARY_COLUMNS), _row(["---"] * len(SUMMARY_COLUMNS))]
+    lines = [markdown_row(SUMMARY_COLUMNS), markdown_row(["---"] * len(SUMMARY_COLUMNS))]
     for name, r in zip(names, runs):
         a = r["averages"]
-        lines.append(_row([name, _num(a["first_token_attention"]), _m_act(a["m_act"]),
+        lines.append(markdown_row([name, _num(a["first_token_attention"]), _m_act(a["m_act"]),
                            *[_num(a[f"gate_{k}"]) for k in ("mean", "median", "below_0_1", "below_0_5")]]))
     return "\n".join(lines)
 
@@ -442,16 +442,16 @@ def layer_markdown(r: SinksResults) -> str:
     model, the gate mean per head."""
     g = r["gate"]
     head = ["Layer", "First-token attn", "M-Act", "M-Act (max)", "Gate mean", "Gate median", "Gate <0.1", "Gate <0.5"]
-    lines = [_row(head), _row(["---"] * len(head))]
+    lines = [markdown_row(head), markdown_row(["---"] * len(head))]
     for i in range(r["layers"]):
         gate = [_num(g[k][i]) if g else "no gate" for k in ("mean", "median", "below_0_1", "below_0_5")]
-        lines.append(_row([str(i), _num(r["first_token_attention"][i]), _m_act(r["m_act"][i]),
+        lines.append(markdown_row([str(i), _num(r["first_token_attention"][i]), _m_act(r["m_act"][i]),
                            _m_act(r["m_act_max"][i]), *gate]))
     if g:
         heads = [f"h{h}" for h in range(r["heads"])]
-        lines += ["", f"Gate mean per head ({g['variant']}):", "", _row(["Layer", *heads]),
-                  _row(["---"] * (len(heads) + 1))]
-        lines += [_row([str(i), *map(_num, row)]) for i, row in enumerate(g["per_head"]["mean"])]
+        lines += ["", f"Gate mean per head ({g['variant']}):", "", markdown_row(["Layer", *heads]),
+                  markdown_row(["---"] * (len(heads) + 1))]
+        lines += [markdown_row([str(i), *map(_num, row)]) for i, row in enumerate(g["per_head"]["mean"])]
     s = r["settings"]
     lines += ["", f"{s['windows']} window(s) of {s['length']} tokens from {s['data']}"
                   f"{' (BOS first)' if s['bos'] else ''}; first-token attention excludes query position 0."]
@@ -462,11 +462,11 @@ def plot_sinks(runs: Sequence[SinksResults | str | os.PathLike], out: str | os.P
                names: Sequence[str] | None = None) -> Path:
     """Two panels, one line per checkpoint: first-token attention by layer, M-Act by layer (log scale).
     `runs` are results or sinks.json paths (or their directories)."""
-    from longctx.report import _pyplot
+    from longctx.report import pyplot
 
     docs = [r if isinstance(r, dict) else load_sinks(r) for r in runs]
     names = names or [d["model"].get("name", "?") for d in docs]
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4), dpi=110)
     for name, d in zip(names, docs):
         layers = list(range(d["layers"]))

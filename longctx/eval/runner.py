@@ -54,7 +54,7 @@ def _write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def _model_info(ckpt: Path, cfg: dict, rope, fp: str) -> dict[str, Any]:
+def model_info(ckpt: Path, cfg: dict, rope, fp: str) -> dict[str, Any]:
     from longctx.checkpoint import PROVENANCE_FILE, attention_variant
 
     parent = None
@@ -77,7 +77,7 @@ def _model_info(ckpt: Path, cfg: dict, rope, fp: str) -> dict[str, Any]:
             "parent_fingerprint": parent}
 
 
-def _check_length(ckpt: Path, rope, longest: int) -> None:
+def check_length(ckpt: Path, rope, longest: int) -> None:
     ctx = rope.context_length
     if ctx is None or longest <= ctx:
         return
@@ -88,7 +88,7 @@ def _check_length(ckpt: Path, rope, longest: int) -> None:
                      f"generation); extend it first: longctx yarn {ckpt} --factor {factor}{rescale}")
 
 
-def _special_tokens_added(tok) -> int:
+def special_tokens_added(tok) -> int:
     with_special = tok("a").input_ids
     without = tok("a", add_special_tokens=False).input_ids
     return max(0, len(with_special) - len(without))
@@ -206,7 +206,7 @@ def run_ruler(
     lengths = sorted(set(int(L) for L in lengths))
     if not lengths or lengths[0] < 1:
         raise InputError("give at least one positive length (e.g. --lengths 4k,8k)")
-    _check_length(ckpt, rope, lengths[-1])
+    check_length(ckpt, rope, lengths[-1])
     out = Path(out_dir)
     out_real, ck_real = out.resolve(), ckpt.resolve()
     if out_real == ck_real or out_real.is_relative_to(ck_real) or ck_real.is_relative_to(out_real):
@@ -220,7 +220,7 @@ def run_ruler(
         bk.check()
     tok = load_tokenizer(ckpt)
     fp = fingerprint(ckpt)
-    n_special = _special_tokens_added(tok)
+    n_special = special_tokens_added(tok)
     ctx = rope.context_length
     max_model_len = lengths[-1] + n_special if ctx is None else min(ctx, lengths[-1] + n_special)
     if backend == "vllm":
@@ -252,7 +252,7 @@ def run_ruler(
                 raise InputError(f"task file {rel} differs from the one this run directory's predictions were made "
                                  "from (task data or generator changed); use another -o")
             run["files"][rel] = sha
-    run["model"] = _model_info(ckpt, cfg, rope, fp)
+    run["model"] = model_info(ckpt, cfg, rope, fp)
     run["backend"] = backend_settings
     _write_json(out / RUN_FILE, run)
 

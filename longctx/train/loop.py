@@ -511,7 +511,7 @@ def train(settings: TrainSettings, progress: bool = True) -> dict[str, Any]:
     from tqdm.auto import tqdm
     from transformers import AutoTokenizer
 
-    from longctx.checkpoint import _cache_dir, fingerprint
+    from longctx.checkpoint import cache_dir as longctx_cache_dir, fingerprint
     from longctx.train.data import build_packed_dataset
     from longctx.train.data import IGNORE_INDEX
 
@@ -547,7 +547,7 @@ def train(settings: TrainSettings, progress: bool = True) -> dict[str, Any]:
         f"{' (FSDP2)' if acc.is_fsdp2 else ''}; work folder {work}")
 
     tokenizer = AutoTokenizer.from_pretrained(ckpt)
-    cache_dir = Path(s.cache_dir) if s.cache_dir else _cache_dir() / "data"
+    cache_dir = Path(s.cache_dir) if s.cache_dir else longctx_cache_dir() / "data"
     with acc.main_process_first():
         ds = build_packed_dataset(s.data, tokenizer, s.seq_len, num_tokens=plan.total_tokens, short_specs=s.short_data,
                                   short_fraction=s.short_fraction, seed=s.seed, cache_dir=cache_dir, log=log)
