@@ -183,3 +183,83 @@ def test_ruler_phrasing_dominates_and_other_phrasings_exist():
     assert any(re.search(r"mentioned in the provided text is \d{7}\.$", d) for d in singular)
     follow_ups = [d for d in ruler if d.count("?") > 1]
     assert 0.1 < len(follow_ups) / len(docs) < 0.5
+
+
+# --- dense recall (pretraining from scratch) ------------------------------------------------------------
+
+RECALL_ANSWERS = [  # every line after the needles: a repeated needle or RULER's answer sentence
+    r"One of the special magic \w+ for ([\w-]+) is: ([\w-]+)\.",
+    r"(?:What is the special magic \w+ for [\w-]+ mentioned in the provided text\? )?"
+    r"The special magic \w+ for ([\w-]+) mentioned in the provided text is ([\w-]+)\.",
+]
+
+
+def check_recall(doc: str) -> int:
+    """Every answer line gives the value its key's needle gave; returns the number of answers."""
+    head, body, *answers = doc.split("\n")
+    assert head.startswith("Some special magic") and answers, doc
+    needles = dict(re.findall(RECALL_ANSWERS[0], body))
+    assert needles and len(needles) == body.count("One of the special magic"), body
+    for line in answers:
+        match = next(m for m in (re.fullmatch(p, line) for p in RECALL_ANSWERS) if m)
+        assert needles[match.group(1)] == match.group(2), line
+    assert len({re.fullmatch(RECALL_ANSWERS[0], a) or a for a in answers}) == len(answers)  # each key once
+    return len(answers)
+
+
+@pytest.mark.parametrize("length", [MIN_LENGTH, 256, 1024])
+def test_recall_answers_are_retrievable_and_dense(length):
+    docs = take("recall", 60, seed=2, length_tokens=length)
+    answers = [check_recall(d) for d in docs]
+    # Many retrievals per document: about one per 90 estimated tokens, most needles asked about.
+    assert statistics.mean(answers) >= length / 128
+    needles = sum(d.split("\n")[1].count("is: ") for d in docs)
+    assert sum(answers) >= 0.75 * needles
+    lines = [line for d in docs for line in d.split("\n")[2:]]
+    ruler = [line for line in lines if "mentioned in the provided text is" in line]
+    assert 0.3 < len(ruler) / len(lines) < 0.9  # both phrasings are common
+    assert any("?" in line for line in ruler) and any("?" not in line for line in ruler)
+    assert statistics.mean(approx_tokens(d) for d in docs) <= length
+
+
+def test_recall_check_catches_a_wrong_answer():
+    doc = next(d for d in documents("recall", 3, length_tokens=512) if d.count("is: ") >= 2)
+    values = re.findall(r"is: ([\w-]+)\.", doc.split("\n")[1])
+    last = doc.rsplit("\n", 1)[1]
+    right = next(v for v in values if last.endswith(f" {v}."))
+    wrong = next(v for v in values if v != right)
+    check_recall(doc)
+    with pytest.raises(AssertionError):
+        check_recall(doc[: -len(right) - 1] + wrong + ".")
+
+
+def test_pretrain_mixes_recall_with_the_ruler_kinds():
+    seen = Counter()
+    for doc in take("pretrain", 200, seed=4, length_tokens=1024):
+        kind = kind_of(doc)
+        try:  # a few niah documents (several keys, one-line haystack) are also valid recall documents
+            check_recall(doc)
+            kind = "recall"
+        except (AssertionError, StopIteration, KeyError, ValueError):
+            CHECKS[kind](doc)
+        seen[kind] += 1
+    assert set(seen) == {"recall", "niah", "vt", "cwe", "fwe"}
+    assert 0.5 < seen["recall"] / 200 < 0.75 and seen["niah"] > seen["vt"]
+
+
+def test_split_digits_bpe_copies_numbers_digit_by_digit(tmp_path):
+    """`train_bpe_tokenizer(split_digits=True)`: a number is its digits whatever precedes it, so a value reads
+    the same in its needle and in its answer; the default BPE merges digits into chunks."""
+    from transformers import AutoTokenizer
+
+    from longctx.models.presets import train_bpe_tokenizer
+
+    corpus = take("recall", 40, seed=1, length_tokens=512)
+    for split in (True, False):
+        out = tmp_path / str(split)
+        out.mkdir()
+        tok = AutoTokenizer.from_pretrained(train_bpe_tokenizer(out, 400, corpus, split_digits=split))
+        pieces = tok.tokenize("for abundant-pond is: 4865868.")
+        assert tok.convert_tokens_to_string(pieces) == "for abundant-pond is: 4865868."
+        digits = [p for p in pieces if any(c.isdigit() for c in p)]
+        assert (digits == list("4865868")) == split, pieces

@@ -148,15 +148,21 @@ def bpe_corpus() -> list[str]:
     return lines
 
 
-def train_bpe_tokenizer(out: Path, vocab_size: int = DEFAULT_BPE_VOCAB, corpus: list[str] | None = None) -> Path:
+def train_bpe_tokenizer(out: Path, vocab_size: int = DEFAULT_BPE_VOCAB, corpus: list[str] | None = None,
+                        split_digits: bool = False) -> Path:
     """Train a small byte-level BPE with `tokenizers` and save it as a transformers fast tokenizer
-    (`<unk>`=0, `<s>`=1, `<\\s>`=2, like the reference tokenizer; every byte sequence encodes)."""
+    (`<unk>`=0, `<s>`=1, `<\\s>`=2, like the reference tokenizer; every byte sequence encodes).
+    `split_digits` makes every digit its own token (as Llama's and Qwen's tokenizers do), so copying a
+    number is the same step for every digit instead of depending on how BPE chunked it."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     special = ["<unk>", "<s>", "</s>"]
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if split_digits:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                     tok.pre_tokenizer])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())

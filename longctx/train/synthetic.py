@@ -11,7 +11,14 @@ every depth of its sequence length:
 - `vt`: chains of variable assignments (`VAR ABCDE = 12345`, `VAR FGHIJ = VAR ABCDE`) among noise;
 - `cwe`: a numbered word list in which a few words repeat more often than the others;
 - `fwe`: coded text whose word frequencies follow a Zipf law, ask for the most frequent ones;
-- `mixed` (the default): a draw among the four per document.
+- `mixed` (the default): a draw among the four per document;
+- `recall`: dense key -> value recall for pretraining from scratch: many needles (RULER's needle line)
+  with little or no haystack, then questions about most of them, so a good share of all tokens are
+  copied from earlier in the document (a needle document of 1024 tokens has one 7-digit answer). Some
+  answers repeat the needle's own line (plain induction), the others use RULER's answer phrasing (look
+  the key up). Not yet shown to teach a tiny model to copy within 15 CPU minutes (see issue 7);
+- `pretrain`: recall (60%) with niah (25%) and the other three kinds (15%), meant for pretraining from
+  scratch, so that the RULER phrasings and haystacks are seen too (same caveat as `recall`).
 
 Most documents use RULER's own phrasing (task sentence, needle line, question and answer prefix, so
 "The special magic number for X mentioned in the provided text is 1234567."); the rest use other
@@ -38,11 +45,12 @@ from typing import Callable, Iterator
 
 from longctx.errors import InputError
 
-KINDS: tuple[str, ...] = ("mixed", "niah", "vt", "cwe", "fwe")
+KINDS: tuple[str, ...] = ("mixed", "niah", "vt", "cwe", "fwe", "recall", "pretrain")
 NATURAL_LENGTH = 1024  # tokens: the target when `length_tokens` is None
 MIN_LENGTH = 128  # the question and answer take about 100 tokens: below this no haystack is left
 # Share of each kind in `mixed`: retrieval of needles first (8 of RULER's 13 tasks are NIAH).
 MIX_WEIGHTS = {"niah": 0.6, "vt": 0.15, "cwe": 0.1, "fwe": 0.15}
+PRETRAIN_WEIGHTS = {"recall": 0.6, "niah": 0.25, "vt": 0.05, "cwe": 0.05, "fwe": 0.05}
 RULER_STYLE = 0.75  # fraction of documents phrased exactly as RULER phrases its tasks
 
 NOISE_LINE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -86,9 +94,10 @@ def documents(kind: str = KINDS[0], seed: int = 0, *, length_tokens: int | None 
 
 def _stream(kind: str, seed: int, target: int) -> Iterator[str]:
     rng = random.Random(f"longctx.synthetic/{kind}/{seed}/{target}")
-    kinds, weights = list(MIX_WEIGHTS), list(MIX_WEIGHTS.values())
+    mix = {"mixed": MIX_WEIGHTS, "pretrain": PRETRAIN_WEIGHTS}.get(kind, {kind: 1.0})
+    kinds, weights = list(mix), list(mix.values())
     while True:
-        k = rng.choices(kinds, weights)[0] if kind == "mixed" else kind
+        k = rng.choices(kinds, weights)[0] if len(kinds) > 1 else kind  # single kinds draw nothing
         budget = round(target * rng.uniform(0.8, 1.0))
         yield _BUILDERS[k](rng, budget)
 
@@ -252,6 +261,50 @@ def _niah(rng: random.Random, budget: int) -> str:
     return "\n".join((head, "\n".join(_insert(rng, units, needles)), tail))
 
 
+# --- dense recall -------------------------------------------------------------------------------------
+
+def _recall(rng: random.Random, budget: int) -> str:
+    type_v = rng.choices(("numbers", "uuids", "words"), (0.8, 0.05, 0.15))[0]
+    draw_v = {"numbers": lambda: str(rng.randint(10**6, 10**7 - 1)), "uuids": lambda: _uuid(rng),
+              "words": lambda: _word_key(rng)}[type_v]
+    t = type_v[:-1]
+    noise = rng.choice((0.0, 0.0, 0.3, 1.0))  # haystack sentences per needle, on average
+    ruler_share = rng.choice((0.3, 0.6, 0.9))  # answers in RULER's phrasing; the rest repeat the needle
+    needle = "One of the special magic {tp} for {k} is: {v}."
+    head = (f"Some special magic {type_v} are hidden within the following text. Make sure to memorize it. "
+            f"I will quiz you about the {type_v} afterwards.")
+
+    def question(k: str, v: str) -> str:
+        if rng.random() < ruler_share:
+            # RULER's answer sentence, after its question half the time (the question is 20 tokens).
+            answer = f"The special magic {t} for {k} mentioned in the provided text is {v}."
+            if rng.random() < 0.5:
+                return answer
+            return f"What is the special magic {t} for {k} mentioned in the provided text? {answer}"
+        return needle.format(tp=type_v, k=k, v=v)
+
+    taken: set[str] = set()
+    needles: list[tuple[str, str | None]] = []
+    used = approx_tokens(head)
+    # Add needles, each asked about (most of them), until the estimate reaches the budget.
+    while True:
+        k, v = _distinct(lambda: _word_key(rng), 1, taken)[0], _distinct(draw_v, 1, taken)[0]
+        line = needle.format(tp=type_v, k=k, v=v)
+        asked = question(k, v) if not needles or rng.random() < 0.9 else None
+        cost = approx_tokens(line) + 1 + (approx_tokens(asked) + 1 if asked else 0)
+        if needles and used + cost > budget:
+            break
+        needles.append((line, asked))
+        used += cost
+    room = budget - used
+    # About `noise` haystack sentences (~8 tokens) per needle, as the budget allows; `_fill` gives at least one.
+    units = _fill(rng, lambda: rng.choice(NOISE_SENTENCES), min(room, round(noise * 8 * len(needles)))) if noise else []
+    body = _insert(rng, units, [n for n, _ in needles])
+    asks = [q for _, q in needles if q]
+    rng.shuffle(asks)
+    return "\n".join([head, " ".join(body)] + asks)
+
+
 # --- variable tracking --------------------------------------------------------------------------------
 
 def _var_name(rng: random.Random) -> str:
@@ -364,4 +417,5 @@ def _fwe(rng: random.Random, budget: int) -> str:
     return head + " " + " ".join(tokens) + tail
 
 
-_BUILDERS: dict[str, Callable[[random.Random, int], str]] = {"niah": _niah, "vt": _vt, "cwe": _cwe, "fwe": _fwe}
+_BUILDERS: dict[str, Callable[[random.Random, int], str]] = {"niah": _niah, "vt": _vt, "cwe": _cwe, "fwe": _fwe,
+                                                             "recall": _recall}
