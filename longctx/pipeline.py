@@ -556,9 +556,9 @@ def _read_marker(d: Path) -> dict[str, Any] | None:
 
 
 def _write_marker(d: Path, doc: dict[str, Any]) -> None:
-    tmp = d / f".{MARKER}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, d / MARKER)
+    from longctx.report import write_atomic
+
+    write_atomic(d / MARKER, json.dumps(doc, indent=2) + "\n")
 
 
 def _input_fingerprint(path: Path) -> str:
