@@ -331,8 +331,6 @@ def _check_recipe(recipe: Recipe) -> None:
             s = st[stage]
             if (s["tokens"] is None) == (s["steps"] is None):
                 raise _fail(file, stage, "needs exactly one of tokens or steps")
-            if stage == "extend" and s["rope_base"] is None:
-                raise _fail(file, "extend.rope_base", "is required (the paper raises it from 10k to 1e6)")
             for spec in [*s["data"], *(s["short_data"] or [])]:
                 if not re.match(r"^[A-Za-z]{2,}:", spec) and not Path(spec).exists():
                     raise _fail(file, f"{stage}.data", f"'{spec}' does not exist")

@@ -7,6 +7,7 @@ assignments / word counts are read back from the text and the answer is recomput
 from __future__ import annotations
 
 import itertools
+import random
 import re
 import statistics
 from collections import Counter
@@ -233,18 +234,88 @@ def test_recall_check_catches_a_wrong_answer():
         check_recall(doc[: -len(right) - 1] + wrong + ".")
 
 
-def test_pretrain_mixes_recall_with_the_ruler_kinds():
+def is_copy(doc: str) -> bool:
+    return set(Counter(doc.split("\n")).values()) == {2}
+
+
+def check_copy(doc: str) -> list[int]:
+    """Every line appears exactly twice, the second time after the first; returns the gaps in lines."""
+    lines = doc.split("\n")
+    first: dict[str, int] = {}
+    gaps = []
+    for i, line in enumerate(lines):
+        if line in first:
+            gaps.append(i - first[line] - 1)
+        else:
+            first[line] = i
+    assert Counter(Counter(lines).values()) == {2: len(lines) // 2}, doc
+    return gaps
+
+
+@pytest.mark.parametrize("length", [MIN_LENGTH, 1024])
+def test_copy_lines_repeat_once_at_varying_distances_and_lengths(length, reference_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    docs = take("copy", 60, seed=5, length_tokens=length)
+    gaps = [g for d in docs for g in check_copy(d)]
+    lines = [line for d in docs for line in d.split("\n")]
+    sizes = {len(line.split()) for line in lines}
+    # Lines of many lengths: with one fixed length a model could predict a repeat by looking a fixed
+    # distance back instead of finding the current word earlier (what RULER needs).
+    assert min(sizes) <= 10 and max(sizes) >= min(36, length // 10) and len(sizes) > 8
+    assert any(re.fullmatch(r"\d+", w) for line in lines for w in line.split())  # numbers to copy too
+    tok = AutoTokenizer.from_pretrained(reference_tokenizer_dir)
+    real = [len(tok.tokenize(d)) for d in docs]
+    assert max(real) <= 1.1 * length  # random letters are estimated as about one token per two
+    if length >= 1024:
+        assert statistics.mean(real) < 400  # mostly short documents, whatever the length asked
+        assert 0 in gaps and max(gaps) >= 2  # repeated right away and after other lines
+    assert len(set(lines)) == len(lines) // 2  # no line is repeated by chance across documents
+
+
+def test_copy_check_catches_a_line_not_repeated():
+    doc = next(d for d in documents("copy", 6, length_tokens=1024) if d.count("\n") >= 3)
+    check_copy(doc)
+    with pytest.raises(AssertionError):
+        check_copy(doc.rsplit("\n", 1)[0])
+
+
+def is_copy_far(doc: str) -> bool:
+    return bool(re.search(r"^[a-z0-9 ]+$", doc, re.M)) and "special magic" not in doc
+
+
+def check_copy_far(doc: str) -> int:
+    """Random lines in the noise haystack, each exactly twice, far apart; returns the token-ish distance."""
+    lines = doc.split("\n")
+    copied = [i for i, line in enumerate(lines) if re.fullmatch(r"[a-z0-9 ]+", line)]
+    assert copied and all(re.fullmatch(r"([A-Z][a-z ]+\. ?)+", lines[i].strip()) for i in range(len(lines))
+                          if i not in copied), doc
+    assert set(Counter(lines[i] for i in copied).values()) == {2}, doc
+    return max(len(" ".join(lines[i + 1:j]).split()) for i in copied for j in copied
+               if j > i and lines[i] == lines[j])
+
+
+def test_copy_far_puts_repeats_anywhere_in_a_haystack():
+    from longctx.train.synthetic import _copy_far
+
+    rng = random.Random(3)
+    spans = [check_copy_far(_copy_far(rng, 1024)) for _ in range(60)]
+    assert max(spans) > 300 and min(spans) < 100  # near and across most of a 1k document
+
+
+def test_pretrain_mixes_copy_and_recall_with_the_ruler_kinds():
     seen = Counter()
-    for doc in take("pretrain", 200, seed=4, length_tokens=1024):
-        kind = kind_of(doc)
+    for doc in take("pretrain", 300, seed=4, length_tokens=1024):
+        kind = "copy" if is_copy(doc) else "copy_far" if is_copy_far(doc) else kind_of(doc)
         try:  # a few niah documents (several keys, one-line haystack) are also valid recall documents
             check_recall(doc)
             kind = "recall"
         except (AssertionError, StopIteration, KeyError, ValueError):
-            CHECKS[kind](doc)
+            {**CHECKS, "copy": check_copy, "copy_far": check_copy_far}[kind](doc)
         seen[kind] += 1
-    assert set(seen) == {"recall", "niah", "vt", "cwe", "fwe"}
-    assert 0.5 < seen["recall"] / 200 < 0.75 and seen["niah"] > seen["vt"]
+    assert set(seen) == {"copy", "copy_far", "recall", "niah", "vt", "cwe", "fwe"}
+    assert 0.2 < seen["copy_far"] / 300 < 0.4 and 0.15 < seen["recall"] / 300 < 0.35
+    assert seen["niah"] > seen["copy"] > seen["vt"]
 
 
 def test_split_digits_bpe_copies_numbers_digit_by_digit(tmp_path):

@@ -184,7 +184,7 @@ def _write_tokenizer(spec: str, out: Path, vocab_size: int, corpus_file: str | N
         write_reference_tokenizer(out)
     elif spec == "bpe":
         corpus = Path(corpus_file).read_text(encoding="utf-8").splitlines() if corpus_file else None
-        train_bpe_tokenizer(out, vocab_size, corpus)
+        train_bpe_tokenizer(out, vocab_size, corpus, split_digits=True)
     else:
         for f in Path(spec).iterdir():
             if f.is_file() and f.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges")):

@@ -12,13 +12,17 @@ every depth of its sequence length:
 - `cwe`: a numbered word list in which a few words repeat more often than the others;
 - `fwe`: coded text whose word frequencies follow a Zipf law, ask for the most frequent ones;
 - `mixed` (the default): a draw among the four per document;
-- `recall`: dense key -> value recall for pretraining from scratch: many needles (RULER's needle line)
-  with little or no haystack, then questions about most of them, so a good share of all tokens are
-  copied from earlier in the document (a needle document of 1024 tokens has one 7-digit answer). Some
-  answers repeat the needle's own line (plain induction), the others use RULER's answer phrasing (look
-  the key up). Not yet shown to teach a tiny model to copy within 15 CPU minutes (see issue 7);
-- `pretrain`: recall (60%) with niah (25%) and the other three kinds (15%), meant for pretraining from
-  scratch, so that the RULER phrasings and haystacks are seen too (same caveat as `recall`).
+- `recall`: dense key -> value recall: many needles (RULER's needle line) with little or no haystack,
+  then questions about most of them, so a good share of all tokens are copied from earlier in the
+  document (a needle document of 1024 tokens has one 7-digit answer). Some answers repeat the needle's
+  own line (plain induction), the others use RULER's answer phrasing (look the key up);
+- `copy`: lines of random letter strings and numbers, each repeated once later; nothing but copying predicts
+  the repeats. A model trained from scratch on retrieval documents alone learns their format and never
+  to copy (issue 7: 2-4 layer models at 1k, thousands of steps, exact recall 0); copying lines of
+  varying length is what makes it form induction heads (lines of one fixed length only teach it to look
+  a fixed distance back);
+- `pretrain`: copy (40%), recall (30%), niah (20%) and the other three kinds (10%), for pretraining
+  from scratch (`recipes/tiny-pretrain.yaml`).
 
 Most documents use RULER's own phrasing (task sentence, needle line, question and answer prefix, so
 "The special magic number for X mentioned in the provided text is 1234567."); the rest use other
@@ -45,12 +49,13 @@ from typing import Callable, Iterator
 
 from longctx.errors import InputError
 
-KINDS: tuple[str, ...] = ("mixed", "niah", "vt", "cwe", "fwe", "recall", "pretrain")
+KINDS: tuple[str, ...] = ("mixed", "niah", "vt", "cwe", "fwe", "recall", "copy", "pretrain")
 NATURAL_LENGTH = 1024  # tokens: the target when `length_tokens` is None
 MIN_LENGTH = 128  # the question and answer take about 100 tokens: below this no haystack is left
 # Share of each kind in `mixed`: retrieval of needles first (8 of RULER's 13 tasks are NIAH).
 MIX_WEIGHTS = {"niah": 0.6, "vt": 0.15, "cwe": 0.1, "fwe": 0.15}
-PRETRAIN_WEIGHTS = {"recall": 0.6, "niah": 0.25, "vt": 0.05, "cwe": 0.05, "fwe": 0.05}
+# From scratch: copying first (it is what makes retrieval learnable), then the retrieval documents.
+PRETRAIN_WEIGHTS = {"copy_far": 0.3, "copy": 0.1, "recall": 0.25, "niah": 0.25, "vt": 0.04, "cwe": 0.03, "fwe": 0.03}
 RULER_STYLE = 0.75  # fraction of documents phrased exactly as RULER phrases its tasks
 
 NOISE_LINE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -417,5 +422,70 @@ def _fwe(rng: random.Random, budget: int) -> str:
     return head + " " + " ".join(tokens) + tail
 
 
+# --- copying ----------------------------------------------------------------------------------------
+
+def _copy_line(rng: random.Random, longest: int) -> tuple[str, int]:
+    """A line of 8..`longest` random letter strings and numbers, and its estimated token count.
+
+    Random letters and digits, not words: a model that can learn to spell real words spends itself on
+    that (2-layer models at 1k did for 1,000+ steps without starting to copy); random strings leave
+    nothing to learn but copying. They split into short pieces: about one token per two letters, one
+    per digit."""
+    items = []
+    for _ in range(rng.randint(8, longest)):
+        if rng.random() < 0.2:
+            items.append(str(rng.randint(0, 10**rng.randint(1, 7) - 1)))
+        else:
+            items.append("".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 7))))
+    return " ".join(items), sum(len(w) if w.isdigit() else 1 + len(w) // 2 for w in items) + 1
+
+
+def _copy(rng: random.Random, budget: int) -> str:
+    """Lines of random letter strings and numbers, each line later repeated once, in shuffled order. Nothing but
+    the earlier line predicts a repeat, and lines differ in length, so the only way to predict it is to
+    find the current word earlier and read on (an induction head), not to look a fixed distance back."""
+    # Mostly short documents: a document is all a token attends to, and a tiny model first learns to
+    # copy when few tokens compete for its attention (packed sequences keep documents apart).
+    budget = min(budget, rng.randint(64, 384))
+    lines: list[str] = []
+    used = 0
+    longest = max(8, min(40, budget // 8))  # an item is about 4 tokens, and each line is written twice
+    while True:
+        line, cost = _copy_line(rng, longest)
+        if lines and used + 2 * cost > budget:
+            break
+        lines.append(line)
+        used += 2 * cost
+    # Each line is repeated after a random number of other lines (0 = right after itself).
+    order: list[str] = []
+    pending: list[str] = []
+    for line in lines:
+        order.append(line)
+        pending.append(line)
+        while pending and rng.random() < 0.5:
+            order.append(pending.pop(rng.randrange(len(pending))))
+    rng.shuffle(pending)
+    return "\n".join(order + pending)
+
+
+def _copy_far(rng: random.Random, budget: int) -> str:
+    """One to four random lines in RULER's noise haystack, each repeated once anywhere after itself:
+    copying across the whole sequence, as a needle's value is copied into the answer (`pretrain` only)."""
+    lines: list[str] = []
+    used = 0
+    for _ in range(rng.randint(1, 4)):
+        line, cost = _copy_line(rng, 24)
+        if lines and used + 2 * cost > budget // 2:
+            break
+        lines.append(line)
+        used += 2 * cost
+    units = _fill(rng, lambda: rng.choice(NOISE_SENTENCES), budget - used)
+    for line in lines:
+        first = rng.randrange(len(units) + 1)
+        units.insert(first, "\n" + line + "\n")
+        units.insert(rng.randint(first + 1, len(units)), "\n" + line + "\n")
+    return re.sub(r"\s*\n\s*", "\n", " ".join(units)).strip()
+
+
 _BUILDERS: dict[str, Callable[[random.Random, int], str]] = {"niah": _niah, "vt": _vt, "cwe": _cwe, "fwe": _fwe,
-                                                             "recall": _recall}
+                                                             "recall": _recall, "copy": _copy, "copy_far": _copy_far}
