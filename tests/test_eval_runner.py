@@ -262,3 +262,26 @@ def test_openai_backend_against_a_real_vllm_serve(gated_yarn_checkpoint, tmp_pat
             proc.kill()
             proc.wait()
         log.close()
+
+
+def test_vllm_backend_shuts_down_only_the_engine_it_started():
+    """An engine `longctx ruler` started is shut down when the run ends (its worker processes would otherwise
+    hold their memory while `longctx run` trains the next model); an engine the caller gave is left running.
+    Stand-in engines: what is checked is who owns the engine, not vLLM's shutdown itself."""
+    from types import SimpleNamespace
+
+    from longctx.eval.backends import VllmBackend
+
+    shut = []
+
+    def engine():
+        return SimpleNamespace(llm_engine=SimpleNamespace(engine_core=SimpleNamespace(shutdown=lambda: shut.append(1))))
+
+    given = VllmBackend("ckpt", 256, llm=engine())
+    given.close()
+    assert shut == [] and given.llm is not None
+    started = VllmBackend("ckpt", 256)
+    started.llm = engine()  # what _engine() does on first use
+    started.close()
+    started.close()
+    assert shut == [1] and started.llm is None

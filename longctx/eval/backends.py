@@ -68,6 +68,7 @@ class VllmBackend:
         if kv_cache_memory is not None:
             self.kwargs["kv_cache_memory_bytes"] = kv_cache_memory
         self.llm = llm
+        self.owns_engine = llm is None  # a given engine is the caller's to shut down
         self.chunk = chunk
 
     def settings(self) -> dict[str, Any]:
@@ -95,6 +96,13 @@ class VllmBackend:
         if have < self.max_model_len:
             raise InputError(f"the given vLLM engine has max_model_len {have} < {self.max_model_len} needed")
         return self.llm
+
+    def close(self) -> None:
+        """Shut down the engine this backend started, now: its worker processes and KV cache would
+        otherwise live on until the interpreter exits (`longctx run` trains the next model after RULER)."""
+        if self.llm is not None and self.owns_engine:
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = None
 
     def generate(self, requests: Iterable[Request], on_result: OnResult) -> None:
         from vllm import SamplingParams
@@ -155,6 +163,9 @@ class HfBackend:
     def settings(self) -> dict[str, Any]:
         return {"name": self.name, "max_model_len": self.max_model_len, "dtype": self.dtype}
 
+    def close(self) -> None:
+        self.model = self.tok = None  # the weights are freed with the last reference
+
     def _load(self):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -212,6 +223,9 @@ class OpenAIBackend:
 
     def settings(self) -> dict[str, Any]:
         return {"name": self.name, "base_url": self.base_url, "model": self.model, "concurrency": self.concurrency}
+
+    def close(self) -> None:
+        """Nothing to release: every request opens its own connection."""
 
     def _headers(self) -> dict[str, str]:
         h = {"Content-Type": "application/json"}

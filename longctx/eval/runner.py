@@ -315,6 +315,7 @@ def run_ruler(
             bk.generate(requests(), on_result)
     finally:
         writer.close()
+        bk.close()
         if bar is not None:
             bar.close()
     t_gen = time.perf_counter() - t0

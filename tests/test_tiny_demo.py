@@ -1,0 +1,65 @@
+"""The shipped tiny checkpoints (`checkpoints/`, made by `recipes/tiny-pretrain.yaml`) and the README's demo
+recipe run on them (`recipes/tiny-cpu-quick.yaml`, the ~3-minute variant of `tiny-cpu.yaml`)."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CHECKPOINTS = ROOT / "checkpoints"
+
+
+def test_shipped_checkpoints_match_their_checksums():
+    lines = (CHECKPOINTS / "SHA256SUMS").read_text().splitlines()
+    assert {line.split("  ")[1].split("/")[0] for line in lines} == {"tiny-baseline", "tiny-gated"}
+    for line in lines:
+        digest, name = line.split("  ")
+        assert hashlib.sha256((CHECKPOINTS / name).read_bytes()).hexdigest() == digest, name
+
+
+def test_shipped_checkpoints_are_the_pretrain_recipes_bf16_models():
+    from longctx.models.presets import parameter_count
+
+    from transformers import AutoConfig
+
+    configs = {m: AutoConfig.from_pretrained(CHECKPOINTS / f"tiny-{m}") for m in ("baseline", "gated")}
+    assert configs["baseline"].architectures == ["Qwen3ForCausalLM"]
+    assert configs["gated"].architectures == ["GatedQwen3ForCausalLM"]
+    for m, config in configs.items():
+        assert config.dtype in ("bfloat16", __import__("torch").bfloat16)
+        assert config.rope_parameters["rope_theta"] == 10000 and config.max_position_embeddings == 1024
+        record = json.loads((CHECKPOINTS / f"tiny-{m}" / "longctx.json").read_text())
+        assert record["verb"] == "shipped" and record["args"]["recipe"] == "recipes/tiny-pretrain.yaml"
+        assert [h["verb"] for h in record["history"]] == ["init", "extend", "extend", "shipped"]
+        scores = record["args"]["ruler_at_training_length"]["scores"]
+        assert set(scores) == {"niah_single_1", "niah_multikey_2", "vt", "fwe"} and "1024" in scores["vt"]
+        # the numbers checkpoints/README.md quotes are the ones recorded
+        assert f"| tiny-{m} | {scores['niah_single_1']['1024']:.1f} |" in (CHECKPOINTS / "README.md").read_text()
+    # equal parameters (the gate's few extra weights aside) and one tokenizer
+    sizes = {m: parameter_count(c) for m, c in configs.items()}
+    assert abs(sizes["gated"] - sizes["baseline"]) / sizes["baseline"] < 0.001
+    assert (CHECKPOINTS / "tiny-baseline" / "tokenizer.json").read_bytes() == \
+        (CHECKPOINTS / "tiny-gated" / "tokenizer.json").read_bytes()
+
+
+@pytest.mark.slow
+def test_quick_demo_recipe_runs_on_the_shipped_checkpoints(tmp_path, vllm_engines):
+    """`longctx run recipes/tiny-cpu-quick.yaml`, exactly as a user runs it (own process, real vLLM)."""
+    vllm_engines.close()  # one engine at a time on this machine
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    r = subprocess.run([sys.executable, "-m", "longctx", "run", str(ROOT / "recipes" / "tiny-cpu-quick.yaml"),
+                        "-o", str(out)], capture_output=True, text=True, env=env, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "| baseline-yarn |" in r.stdout and "| gated-yarn |" in r.stdout and "Training loss:" in r.stdout
+    for m in ("baseline", "gated"):
+        results = json.loads((out / m / "ruler" / f"{m}-yarn" / "results.json").read_text())
+        assert results["model"]["yarn_factor"] == 4 and results["model"]["trained_length"] == 4096
+        assert results["backend"]["name"] == "vllm"
+        assert (out / m / "extend" / f"{m}-extend" / "train_log.jsonl").is_file()
+    assert (out / "compare" / "compare.png").is_file() and (out / "compare" / "loss.png").is_file()
