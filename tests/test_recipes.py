@@ -36,6 +36,8 @@ def local_variant(recipe: Path, tmp_path: Path) -> Path:
             attention = "baseline" if name == "baseline" else "elementwise"
             models[name] = {"checkpoint": None, "init": {"preset": "tiny", "attention": attention,
                                                         "match_params": attention != "baseline"}}
+        elif "checkpoint" in spec:  # shipped: the derived recipe lives elsewhere, so give the path absolute
+            models[name] = {"checkpoint": str((recipe.parent / spec["checkpoint"]).resolve())}
     return write(tmp_path / f"local-{recipe.name}", {"base": str(recipe), "models": models})
 
 
