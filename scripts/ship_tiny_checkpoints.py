@@ -45,7 +45,8 @@ def main() -> None:
     sources = {m: run / m / "extend" / f"{m}-extend" for m in MODELS}
     missing = [str(p) for p in sources.values() if not (p / "config.json").is_file()]
     if missing:
-        sys.exit(f"Error: no trained checkpoint at {', '.join(missing)}; run longctx run {RECIPE} first")
+        print(f"Error: no trained checkpoint at {', '.join(missing)}; run longctx run {RECIPE} first", file=sys.stderr)
+        sys.exit(2)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     out.mkdir(parents=True, exist_ok=True)
     sums = []
