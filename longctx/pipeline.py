@@ -12,8 +12,8 @@ and RULER/sinks runs `<stage dir>/<model>-<evaluated stage>/`, so tables name th
 
 Recipes are validated before anything runs: a wrong key or type is one line naming the file and the
 key path (`recipes/x.yaml: extend.lr must be a number, got 'fast'`). Relative paths in a recipe are
-relative to the recipe file. `base: other.yaml` starts from another recipe and overrides its keys
-(relative paths of the base then count from the recipe that names it: keep variants beside their base).
+relative to the recipe file that writes them. `base: other.yaml` starts from another recipe and overrides
+its keys (the base's own relative paths still count from the base file, so a variant may live anywhere).
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def _coerce(file: str, where: str, kind: Any, value: Any, base_dir: Path) -> Any
         if not isinstance(value, str) or not value.strip():
             raise bad
         if kind == "path" or (kind == "source" and ":" not in value):
-            return os.path.normpath(base_dir / os.path.expanduser(value))
+            return _local_path(value, base_dir)
         return value
     if kind.startswith("int"):
         if isinstance(value, bool) or not isinstance(value, int) or (kind == "int>0" and value < 1):
@@ -176,9 +176,43 @@ def _coerce(file: str, where: str, kind: Any, value: Any, base_dir: Path) -> Any
         raise bad
     items = [v.strip() for v in items]
     if kind == "specs":  # local data paths are relative to the recipe; hf:/synthetic: specs stay as they are
-        return [v if re.match(r"^[A-Za-z]{2,}:", v) else os.path.normpath(base_dir / os.path.expanduser(v))
-                for v in items]
+        return [v if re.match(r"^[A-Za-z]{2,}:", v) else _local_path(v, base_dir) for v in items]
     return items
+
+
+def _local_path(value: str, base_dir: Path) -> str:
+    return os.path.normpath(base_dir / os.path.expanduser(value))
+
+
+def _anchor_paths(raw: Any, spec: dict[str, tuple], base_dir: Path) -> Any:
+    """`raw` (a base recipe, or one of its sections) with its relative local paths made absolute against
+    `base_dir`, the base file's folder, so a recipe deriving from it elsewhere still finds them. Values
+    of the wrong type are left for `_coerce` to report."""
+    if not isinstance(raw, dict):
+        return raw
+    out = dict(raw)
+    for key, value in raw.items():
+        kind = spec.get(key, (None,))[0]
+        if key == "models" and spec is _TOP and isinstance(value, dict):
+            out[key] = {name: _anchor_model(m, base_dir) for name, m in value.items()}
+        elif isinstance(kind, dict):
+            out[key] = _anchor_paths(value, kind, base_dir)
+        elif isinstance(value, str) and value.strip() and (kind == "path" or (kind == "source" and ":" not in value)):
+            out[key] = _local_path(value, base_dir)
+        elif kind == "specs" and isinstance(value, (str, list)):
+            items = value.split(",") if isinstance(value, str) else value
+            out[key] = [v if not isinstance(v, str) or re.match(r"^[A-Za-z]{2,}:", v.strip()) or not v.strip()
+                        else _local_path(v.strip(), base_dir) for v in items]
+    return out
+
+
+def _anchor_model(raw: Any, base_dir: Path) -> Any:
+    if not isinstance(raw, dict) or len(raw) != 1:
+        return raw
+    source, value = next(iter(raw.items()))
+    if source == "checkpoint":
+        return {source: _local_path(value, base_dir) if isinstance(value, str) and value.strip() else value}
+    return {source: _anchor_paths(value, {"init": _INIT, "convert": _CONVERT}.get(source, {}), base_dir)}
 
 
 def _section(file: str, where: str, raw: Any, spec: dict[str, tuple], base_dir: Path) -> dict[str, Any]:
@@ -233,7 +267,7 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         base_path = (path.parent / raw["base"]).resolve()
         if base_path in seen or base_path == path.resolve():
             raise _fail(str(path), "base", f"'{raw['base']}' includes itself")
-        parent = _read_yaml(base_path, (*seen, path.resolve()))
+        parent = _anchor_paths(_read_yaml(base_path, (*seen, path.resolve())), _TOP, base_path.parent)
         raw = _merge(parent, {k: v for k, v in raw.items() if k != "base"})
     return raw
 

@@ -36,8 +36,6 @@ def local_variant(recipe: Path, tmp_path: Path) -> Path:
             attention = "baseline" if name == "baseline" else "elementwise"
             models[name] = {"checkpoint": None, "init": {"preset": "tiny", "attention": attention,
                                                         "match_params": attention != "baseline"}}
-        elif "checkpoint" in spec:  # shipped: the derived recipe lives elsewhere, so give the path absolute
-            models[name] = {"checkpoint": str((recipe.parent / spec["checkpoint"]).resolve())}
     return write(tmp_path / f"local-{recipe.name}", {"base": str(recipe), "models": models})
 
 
@@ -89,6 +87,24 @@ def test_torchrun_and_multi_machine_launch_lines(tmp_path):
     assert r.exit_code == 0, r.output
     assert "torchrun --nnodes 2 --nproc_per_node 8 --node_rank 1 --master_addr 10.0.0.1 --master_port 29500 " \
            "-m longctx extend" in r.output
+
+
+def test_a_base_recipes_paths_count_from_the_base_file(tmp_path):
+    """A variant elsewhere inherits the base's relative paths as the base meant them; its own count from itself."""
+    (tmp_path / "base" / "ckpt").mkdir(parents=True)
+    (tmp_path / "base" / "ckpt" / "config.json").write_text("{}")
+    (tmp_path / "base" / "docs.txt").write_text("a document\n")
+    (tmp_path / "variant" / "mine").mkdir(parents=True)
+    base = write(tmp_path / "base" / "r.yaml", {
+        "models": {"baseline": {"checkpoint": "ckpt"}},
+        "extend": {"seq_len": "2k", "data": "docs.txt,synthetic:niah", "steps": 2},
+        "ruler": {"lengths": "1k,2k", "tasks": "vt", "data_dir": "ruler-data"}, "compare": {}})
+    variant = write(tmp_path / "variant" / "v.yaml", {"base": "../base/r.yaml", "sinks": {"data": "mine"}})
+    r = load_recipe(variant)
+    assert r.models[0].checkpoint == tmp_path / "base" / "ckpt"
+    assert r.stages["extend"]["data"] == [str(tmp_path / "base" / "docs.txt"), "synthetic:niah"]
+    assert r.stages["ruler"]["data_dir"] == str(tmp_path / "base" / "ruler-data")
+    assert r.stages["sinks"]["data"] == str(tmp_path / "variant" / "mine")
 
 
 TINY = {"baseline": {"init": {"preset": "tiny", "attention": "baseline"}}}
