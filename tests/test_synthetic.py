@@ -318,19 +318,26 @@ def test_pretrain_mixes_copy_and_recall_with_the_ruler_kinds():
     assert seen["niah"] > seen["copy"] > seen["vt"]
 
 
-def test_split_digits_bpe_copies_numbers_digit_by_digit(tmp_path):
-    """`train_bpe_tokenizer(split_digits=True)`: a number is its digits whatever precedes it, so a value reads
-    the same in its needle and in its answer; the default BPE merges digits into chunks."""
+def test_bpe_digit_groups_read_a_number_the_same_wherever_it_stands(tmp_path):
+    """`train_bpe_tokenizer(digit_group=n)` cuts numbers into runs of at most n digits before BPE, so a value
+    is the same tokens in its needle and in its answer; without it BPE chunks digits as it learnt to."""
     from transformers import AutoTokenizer
 
     from longctx.models.presets import train_bpe_tokenizer
 
-    corpus = take("recall", 40, seed=1, length_tokens=512)
-    for split in (True, False):
-        out = tmp_path / str(split)
+    rng = random.Random(0)
+    corpus = take("recall", 40, seed=1, length_tokens=512) + [str(rng.randint(10**6, 10**7)) for _ in range(3000)]
+    expected = {1: list("4865868"), 2: ["48", "65", "86", "8"], None: None}
+    for group, digits_expected in expected.items():
+        out = tmp_path / str(group)
         out.mkdir()
-        tok = AutoTokenizer.from_pretrained(train_bpe_tokenizer(out, 400, corpus, split_digits=split))
-        pieces = tok.tokenize("for abundant-pond is: 4865868.")
-        assert tok.convert_tokens_to_string(pieces) == "for abundant-pond is: 4865868."
-        digits = [p for p in pieces if any(c.isdigit() for c in p)]
-        assert (digits == list("4865868")) == split, pieces
+        tok = AutoTokenizer.from_pretrained(train_bpe_tokenizer(out, 600, corpus, digit_group=group))
+        seen = []
+        for text in ("for abundant-pond is: 4865868.", "(4865868)", "text is 4865868"):
+            pieces = tok.tokenize(text)
+            assert tok.convert_tokens_to_string(pieces) == text
+            seen.append([p for p in pieces if any(c.isdigit() for c in p)])
+        if digits_expected is None:
+            assert list("4865868") not in seen and ["48", "65", "86", "8"] not in seen, seen
+        else:
+            assert seen == [digits_expected] * 3, seen
