@@ -245,7 +245,7 @@ def compare(runs, baseline, reference, output):
               help="baseline (plain Qwen3), elementwise or headwise (the paper's G1 output gate).")
 @click.option("--tokenizer", default="reference", show_default=True,
               help="reference (Mistral v1 32k SentencePiece from mistral_common), bpe (train a small byte-level "
-                   "BPE now, numbers in two-digit tokens), or a local tokenizer directory.")
+                   "BPE now, one token per digit), or a local tokenizer directory.")
 @click.option("--vocab-size", "bpe_vocab_size", type=click.IntRange(min=260), default=4096, show_default=True,
               help="Vocabulary of the BPE trained by --tokenizer bpe.")
 @click.option("--bpe-corpus", type=click.Path(), help="Text file to train --tokenizer bpe on [default: built-in "

@@ -63,3 +63,31 @@ def test_quick_demo_recipe_runs_on_the_shipped_checkpoints(tmp_path, vllm_engine
         assert results["backend"]["name"] == "vllm"
         assert (out / m / "extend" / f"{m}-extend" / "train_log.jsonl").is_file()
     assert (out / "compare" / "compare.png").is_file() and (out / "compare" / "loss.png").is_file()
+
+
+def test_answer_loss_shows_what_the_shipped_models_can_do(tmp_path):
+    """`scripts/answer_loss.py` on niah_single_1 at 1k, as checkpoints/README.md quotes it: the gated model
+    copies a needle's later digits (the baseline does not), and both only guess its first digit."""
+    tasks = tmp_path / "tasks"
+    prep = subprocess.run([sys.executable, "-m", "longctx", "ruler", "prepare", "--tokenizer",
+                           str(CHECKPOINTS / "tiny-gated"), "--lengths", "1k", "--tasks", "niah_single_1",
+                           "--samples", "10", "-o", str(tasks)], capture_output=True, text=True)
+    assert prep.returncode == 0, prep.stderr[-2000:]
+    losses = {}
+    for m in ("baseline", "gated"):
+        r = subprocess.run([sys.executable, str(ROOT / "scripts" / "answer_loss.py"), str(CHECKPOINTS / f"tiny-{m}"),
+                            str(tasks / "1024" / "niah_single_1.jsonl"), "--samples", "10"],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-2000:]
+        line = r.stdout.strip().splitlines()[-1]
+        first = float(line.split("first answer token ")[1].split(" nats")[0])
+        later = float(line.split("later tokens ")[1].split(" nats")[0])
+        losses[m] = first, later
+    assert losses["gated"][1] < 0.7 < 1.8 < losses["baseline"][1], losses
+    assert min(losses["baseline"][0], losses["gated"][0]) > 1.5, losses  # ln 10 = 2.3: a guess
+
+
+def test_answer_loss_refuses_a_missing_task_file(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "answer_loss.py"), str(CHECKPOINTS / "tiny-gated"),
+                        str(tmp_path / "none.jsonl")], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "cannot read task file" in r.stderr

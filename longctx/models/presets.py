@@ -132,9 +132,7 @@ def parameter_count(config) -> int:
 
 def bpe_corpus() -> list[str]:
     """A deterministic offline corpus for the on-the-spot BPE: `wonderwords`' English word lists
-    (nouns, verbs, adjectives) in simple sentences, plus numbers. Enough for demos, not for quality.
-    (Adding the synthetic pretraining text made common words one token but random letters single
-    characters, and the tiny baseline then did not learn to copy them in 2,500 steps: issue 7's notes.)"""
+    (nouns, verbs, adjectives) in simple sentences, plus numbers. Enough for demos, not for quality."""
     import random
 
     from importlib.resources import files
@@ -164,7 +162,8 @@ def train_bpe_tokenizer(out: Path, vocab_size: int = DEFAULT_BPE_VOCAB, corpus: 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     if digit_group:
-        runs = pre_tokenizers.Split(Regex(rf"\d{{1,{digit_group}}}"), behavior="isolated")
+        runs = pre_tokenizers.Digits(individual_digits=True) if digit_group == 1 else \
+            pre_tokenizers.Split(Regex(rf"\d{{1,{digit_group}}}"), behavior="isolated")
         tok.pre_tokenizer = pre_tokenizers.Sequence([runs, tok.pre_tokenizer])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, show_progress=False,
@@ -187,10 +186,10 @@ def _write_tokenizer(spec: str, out: Path, vocab_size: int, corpus_file: str | N
         write_reference_tokenizer(out)
     elif spec == "bpe":
         corpus = Path(corpus_file).read_text(encoding="utf-8").splitlines() if corpus_file else None
-        # Two digits a token (a small vocabulary does not learn all 1,000 three-digit ones): with one a
-        # token, a digit recurs inside a 7-digit value, so copying it
-        # needs the two previous tokens, which the tiny baseline never learnt (issue 7's notes).
-        train_bpe_tokenizer(out, vocab_size, corpus, digit_group=2)
+        # One token per digit, as Qwen's tokenizer. Two-digit tokens (a digit recurs inside a 7-digit value,
+        # so copying one needs two tokens of context) were tried: the tiny baseline then learnt no copying
+        # at all in tiny-pretrain's copy phase, twice (issue 7's notes).
+        train_bpe_tokenizer(out, vocab_size, corpus, digit_group=1)
     else:
         for f in Path(spec).iterdir():
             if f.is_file() and f.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges")):

@@ -430,7 +430,7 @@ def _copy_line(rng: random.Random, longest: int) -> tuple[str, int]:
     Random letters and digits, not words: a model that can learn to spell real words spends itself on
     that (2-layer models at 1k did for 1,000+ steps without starting to copy); random strings leave
     nothing to learn but copying. They split into short pieces: about one token per two letters, one
-    per digit or two."""
+    per digit."""
     items = []
     for _ in range(rng.randint(8, longest)):
         if rng.random() < 0.2:
