@@ -133,9 +133,7 @@ def _coerce(file: str, where: str, kind: Any, value: Any, base_dir: Path) -> Any
     if kind in ("str", "source", "path"):
         if not isinstance(value, str) or not value.strip():
             raise bad
-        if kind == "path" or (kind == "source" and ":" not in value):
-            return _local_path(value, base_dir)
-        return value
+        return _local_path(value, base_dir) if _is_local_path(kind, value) else value
     if kind.startswith("int"):
         if isinstance(value, bool) or not isinstance(value, int) or (kind == "int>0" and value < 1):
             raise bad
@@ -175,13 +173,25 @@ def _coerce(file: str, where: str, kind: Any, value: Any, base_dir: Path) -> Any
     if not isinstance(items, list) or not items or not all(isinstance(v, str) and v.strip() for v in items):
         raise bad
     items = [v.strip() for v in items]
-    if kind == "specs":  # local data paths are relative to the recipe; hf:/synthetic: specs stay as they are
-        return [v if re.match(r"^[A-Za-z]{2,}:", v) else _local_path(v, base_dir) for v in items]
-    return items
+    return _local_specs(items, base_dir) if kind == "specs" else items
+
+
+_SCHEME = re.compile(r"^[A-Za-z]{2,}:")  # hf:<id>, synthetic:<kind>: data specs that are not local paths
+
+
+def _is_local_path(kind: Any, value: str) -> bool:
+    return kind == "path" or (kind == "source" and ":" not in value)
 
 
 def _local_path(value: str, base_dir: Path) -> str:
     return os.path.normpath(base_dir / os.path.expanduser(value))
+
+
+def _local_specs(items: list, base_dir: Path) -> list:
+    """Data specs with the local paths among them resolved against `base_dir`; hf:/synthetic: specs (and
+    values of the wrong type, for `_coerce` to report) stay as they are."""
+    return [_local_path(v.strip(), base_dir) if isinstance(v, str) and v.strip() and not _SCHEME.match(v.strip())
+            else v for v in items]
 
 
 def _anchor_paths(raw: Any, spec: dict[str, tuple], base_dir: Path) -> Any:
@@ -197,12 +207,10 @@ def _anchor_paths(raw: Any, spec: dict[str, tuple], base_dir: Path) -> Any:
             out[key] = {name: _anchor_model(m, base_dir) for name, m in value.items()}
         elif isinstance(kind, dict):
             out[key] = _anchor_paths(value, kind, base_dir)
-        elif isinstance(value, str) and value.strip() and (kind == "path" or (kind == "source" and ":" not in value)):
+        elif isinstance(value, str) and value.strip() and _is_local_path(kind, value):
             out[key] = _local_path(value, base_dir)
         elif kind == "specs" and isinstance(value, (str, list)):
-            items = value.split(",") if isinstance(value, str) else value
-            out[key] = [v if not isinstance(v, str) or re.match(r"^[A-Za-z]{2,}:", v.strip()) or not v.strip()
-                        else _local_path(v.strip(), base_dir) for v in items]
+            out[key] = _local_specs(value.split(",") if isinstance(value, str) else value, base_dir)
     return out
 
 
@@ -366,7 +374,7 @@ def _check_recipe(recipe: Recipe) -> None:
             if (s["tokens"] is None) == (s["steps"] is None):
                 raise _fail(file, stage, "needs exactly one of tokens or steps")
             for spec in [*s["data"], *(s["short_data"] or [])]:
-                if not re.match(r"^[A-Za-z]{2,}:", spec) and not Path(spec).exists():
+                if not _SCHEME.match(spec) and not Path(spec).exists():
                     raise _fail(file, f"{stage}.data", f"'{spec}' does not exist")
                 if spec.startswith("synthetic:"):
                     from longctx.train.synthetic import KINDS

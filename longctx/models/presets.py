@@ -162,6 +162,7 @@ def train_bpe_tokenizer(out: Path, vocab_size: int = DEFAULT_BPE_VOCAB, corpus: 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     if digit_group:
+        # Digits for 1: the same splits as Split, and the tokenizer.json the shipped tiny models were made with.
         runs = pre_tokenizers.Digits(individual_digits=True) if digit_group == 1 else \
             pre_tokenizers.Split(Regex(rf"\d{{1,{digit_group}}}"), behavior="isolated")
         tok.pre_tokenizer = pre_tokenizers.Sequence([runs, tok.pre_tokenizer])
