@@ -12,6 +12,7 @@ the later answer tokens (whitespace-only tokens skipped), over the first N sampl
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -33,18 +34,26 @@ def answer_losses(model, tok, sample: dict) -> tuple[list[float], bool]:
     return [-logp[i - 1, ids[i]].item() for i in answer], logp[answer[0] - 1].argmax().item() == ids[answer[0]]
 
 
+def fail(message: str) -> None:
+    print(f"Error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("checkpoint")
     ap.add_argument("tasks", help="a RULER task file (<length>/<task>.jsonl from `longctx ruler prepare`)")
-    ap.add_argument("--samples", type=int, default=50)
+    ap.add_argument("--samples", type=int, default=50, help="the first N samples of the file (default 50)")
     args = ap.parse_args()
     try:
         with open(args.tasks, encoding="utf-8") as f:
             rows = [json.loads(line) for _, line in zip(range(args.samples), f)]
     except (OSError, ValueError) as e:
-        print(f"Error: cannot read task file {args.tasks}: {e}", file=sys.stderr)
-        sys.exit(2)
+        fail(f"cannot read task file {args.tasks}: {e}")
+    if not rows:
+        fail(f"task file {args.tasks} has no samples (make one with `longctx ruler prepare`)")
+    if not (Path(args.checkpoint) / "config.json").is_file():
+        fail(f"checkpoint {args.checkpoint} has no config.json (give a local transformers checkpoint directory)")
     tok = AutoTokenizer.from_pretrained(args.checkpoint)
     model = AutoModelForCausalLM.from_pretrained(args.checkpoint, dtype=torch.float32).eval()
     first, rest, top1 = [], [], 0

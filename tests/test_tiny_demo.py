@@ -87,7 +87,14 @@ def test_answer_loss_shows_what_the_shipped_models_can_do(tmp_path):
     assert min(losses["baseline"][0], losses["gated"][0]) > 1.5, losses  # ln 10 = 2.3: a guess
 
 
-def test_answer_loss_refuses_a_missing_task_file(tmp_path):
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "answer_loss.py"), str(CHECKPOINTS / "tiny-gated"),
-                        str(tmp_path / "none.jsonl")], capture_output=True, text=True)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "cannot read task file" in r.stderr
+@pytest.mark.parametrize("checkpoint, tasks, message", [
+    ("tiny-gated", "none.jsonl", "cannot read task file"),
+    ("tiny-gated", "empty.jsonl", "has no samples"),
+    ("no-such-model", "one.jsonl", "has no config.json"),
+])
+def test_answer_loss_refuses_bad_input_in_one_line(checkpoint, tasks, message, tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "one.jsonl").write_text(json.dumps({"input": "x", "outputs": ["1"]}) + "\n")
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "answer_loss.py"), str(CHECKPOINTS / checkpoint),
+                        str(tmp_path / tasks)], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr[-2000:]
