@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from longctx.errors import InputError
-from longctx.models.presets import _did_you_mean
+from longctx.models.presets import TOKENIZER_CHOICES, _did_you_mean
 from longctx.params import parse_count, parse_factor, parse_lengths, parse_number
 
 MODEL_STAGES = ("pretrain", "extend", "yarn", "ruler", "sinks")
@@ -47,7 +47,7 @@ REQUIRED = object()
 
 # Key -> (kind, default). Kinds are checked by `_coerce`; None defaults mean "the library's default".
 _INIT = {"preset": ("str", REQUIRED), "attention": ("str", REQUIRED), "match_params": ("bool", False),
-         "seed": ("int", 0), "tokenizer": ("str", "reference"), "vocab_size": ("int>0", 4096), "dtype": ("str", None)}
+         "seed": ("int", 0), "tokenizer": ("tokenizer", "reference"), "vocab_size": ("int>0", 4096), "dtype": ("str", None)}
 _CONVERT = {"source": ("path", REQUIRED), "from": ("str", "official")}
 # The fields of longctx.train.loop.TrainSettings a recipe sets (checkpoint/output/resume/overwrite are the
 # pipeline's). Defaults stay TrainSettings' own, so only the keys a recipe gives are passed on.
@@ -82,7 +82,7 @@ _KIND_WORDS = {"str": "a string", "bool": "true or false", "int": "an integer", 
                "float>0": "a number > 0", "float>=0": "a number >= 0", "fraction": "a number from 0 to 1",
                "number": "a number > 0 (e.g. 1e6 or 1_000_000)", "count": "a count (e.g. 80B, 4M or 1e9)",
                "length": "a length (e.g. 32k or 32768)",
-               "path": "a path", "source": "a path or spec string", "factor": "a number > 1 (e.g. 4)",
+               "path": "a path", "source": "a path or spec string", "tokenizer": "reference, bpe or a tokenizer directory", "factor": "a number > 1 (e.g. 4)",
                "specs": "a data spec or a list of them (file, directory, hf:<id>, synthetic:<kind>)",
                "names": "a name or a list of names", "lengths": "lengths (e.g. 4k,8k or [4096, 8192])"}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -130,7 +130,7 @@ def _coerce(file: str, where: str, kind: Any, value: Any, base_dir: Path) -> Any
         if not isinstance(value, bool):
             raise bad
         return value
-    if kind in ("str", "source", "path"):
+    if kind in ("str", "source", "path", "tokenizer"):
         if not isinstance(value, str) or not value.strip():
             raise bad
         return _local_path(value, base_dir) if _is_local_path(kind, value) else value
@@ -180,7 +180,8 @@ _SCHEME = re.compile(r"^[A-Za-z]{2,}:")  # hf:<id>, synthetic:<kind>: data specs
 
 
 def _is_local_path(kind: Any, value: str) -> bool:
-    return kind == "path" or (kind == "source" and ":" not in value)
+    return (kind == "path" or (kind == "source" and ":" not in value)
+            or (kind == "tokenizer" and value not in TOKENIZER_CHOICES))
 
 
 def _local_path(value: str, base_dir: Path) -> str:
@@ -311,6 +312,10 @@ def _model(file: str, name: str, raw: Any, base_dir: Path) -> Model:
             raise InputError(f"{file}: {where}.init: {e}") from None
         if settings["match_params"] and settings["attention"] == "baseline":
             raise _fail(file, f"{where}.init.match_params", "is for gated models only (attention: baseline)")
+        tok = settings["tokenizer"]
+        if tok not in TOKENIZER_CHOICES and not Path(tok).is_dir():
+            raise _fail(file, f"{where}.init.tokenizer", f"'{tok}' is neither {' nor '.join(TOKENIZER_CHOICES)} nor "
+                                                         "an existing tokenizer directory")
     return Model(name, source, settings)
 
 

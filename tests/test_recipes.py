@@ -107,6 +107,20 @@ def test_a_base_recipes_paths_count_from_the_base_file(tmp_path):
     assert r.stages["sinks"]["data"] == str(tmp_path / "variant" / "mine")
 
 
+def test_an_init_tokenizer_directory_counts_from_the_recipe_file(tmp_path):
+    """`init.tokenizer` is reference, bpe or a directory; the directory is a path like any other (from the
+    recipe's folder, or from the base's for a base recipe's models), the two names stay names."""
+    (tmp_path / "base" / "tok").mkdir(parents=True)
+    base = write(tmp_path / "base" / "r.yaml", {"models": {
+        "baseline": {"init": {"preset": "tiny", "attention": "baseline", "tokenizer": "tok"}},
+        "gated": {"init": {"preset": "tiny", "attention": "elementwise", "tokenizer": "bpe"}}}, "yarn": {"factor": 2}})
+    r = load_recipe(base)
+    assert [m.settings["tokenizer"] for m in r.models] == [str(tmp_path / "base" / "tok"), "bpe"]
+    (tmp_path / "variant").mkdir()
+    variant = write(tmp_path / "variant" / "v.yaml", {"base": "../base/r.yaml"})
+    assert load_recipe(variant).models[0].settings["tokenizer"] == str(tmp_path / "base" / "tok")
+
+
 TINY = {"baseline": {"init": {"preset": "tiny", "attention": "baseline"}}}
 SMALL = {"models": TINY, "yarn": {"factor": 4}, "ruler": {"lengths": "1k", "tasks": "vt"}}
 
@@ -128,6 +142,9 @@ SMALL = {"models": TINY, "yarn": {"factor": 4}, "ruler": {"lengths": "1k", "task
     ({"models": TINY, "ruler": {"lengths": "4k,8k"}},
      "baseline is trained at 4096 tokens and there is no yarn stage; the largest reachable length is 4096"),
     ({"models": TINY, "ruler": {"lengths": "512,1k"}}, "needs at least 1024 tokens"),
+    ({"models": {"baseline": {"init": {"preset": "tiny", "attention": "baseline", "tokenizer": "bpee"}}},
+      "yarn": {"factor": 4}},
+     "models.baseline.init.tokenizer '{tmp}/bpee' is neither reference nor bpe nor an existing tokenizer directory"),
     ({"models": TINY, "ruler": {"lengths": "1k"}, "compare": {"baseline": "basline"}},
      "compare.baseline 'basline' is not a model of this recipe (baseline); did you mean 'baseline'?"),
     ({"models": TINY, "yarn": {"factor": 4}, "ruler": {"lengths": "1k", "backend": "vlm"}},
