@@ -21,7 +21,7 @@ every depth of its sequence length:
   to copy (issue 7: 2-4 layer models at 1k, thousands of steps, exact recall 0); copying lines of
   varying length is what makes it form induction heads (lines of one fixed length only teach it to look
   a fixed distance back);
-- `pretrain`: copy (40%), recall (30%), niah (20%) and the other three kinds (10%), for pretraining
+- `pretrain`: copy (40%), recall (25%), niah (25%) and the other three kinds (10%), for pretraining
   from scratch (`recipes/tiny-pretrain.yaml`).
 
 Most documents use RULER's own phrasing (task sentence, needle line, question and answer prefix, so
