@@ -5,8 +5,11 @@ the context). Greedy RULER scores say whether a model retrieves; this says which
     longctx ruler prepare --tokenizer CKPT --lengths 1k --tasks niah_single_1 --samples 50 -o /tmp/tasks
     .venv/bin/python scripts/answer_loss.py CKPT /tmp/tasks/1024/niah_single_1.jsonl [--samples 50]
 
-Prints one line: mean loss in nats of the first answer token and its top-1 accuracy, and the mean loss of
-the later answer tokens (whitespace-only tokens skipped), over the first N samples of the file.
+Prints two lines: how alike the model's input embeddings of the ten digits are (mean pairwise cosine, and
+the same for ten letters), then the mean loss in nats of the first answer token and its top-1 accuracy,
+and the mean loss of the later answer tokens (whitespace-only tokens skipped), over the first N samples
+of the file. A model whose digit embeddings have collapsed together (cosine near 1) cannot copy a number
+digit by digit, whatever else it learnt (issue 7).
 """
 
 import argparse
@@ -34,6 +37,16 @@ def answer_losses(model, tok, sample: dict) -> tuple[list[float], bool]:
     return [-logp[i - 1, ids[i]].item() for i in answer], logp[answer[0] - 1].argmax().item() == ids[answer[0]]
 
 
+def mean_cosine(model, tok, chars: str) -> float | None:
+    """Mean pairwise cosine of the input embeddings of single-character tokens; None when the tokenizer
+    has no token for one of them alone (e.g. SentencePiece's word-initial pieces)."""
+    ids = [tok.convert_tokens_to_ids(c) for c in chars]
+    if tok.unk_token_id in ids or None in ids:
+        return None
+    e = torch.nn.functional.normalize(model.get_input_embeddings().weight[ids].float(), dim=-1)
+    return (e @ e.T)[~torch.eye(len(ids), dtype=torch.bool)].mean().item()
+
+
 def fail(message: str) -> None:
     print(f"Error: {message}", file=sys.stderr)
     sys.exit(2)
@@ -57,6 +70,10 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(args.checkpoint)
     model = AutoModelForCausalLM.from_pretrained(args.checkpoint, dtype=torch.float32).eval()
     first, rest, top1 = [], [], 0
+    cos = {name: mean_cosine(model, tok, chars) for name, chars in (("digits", "0123456789"), ("letters", "abcdefghij"))}
+    print(f"{args.checkpoint}: embedding cosine between digits {cos['digits']:.2f}, between letters a-j "
+          f"{cos['letters']:.2f}" if None not in cos.values() else
+          f"{args.checkpoint}: the tokenizer has no single-character digit and letter tokens (no embedding cosine)")
     for row in rows:
         losses, hit = answer_losses(model, tok, row)
         first.append(losses[0])

@@ -67,24 +67,27 @@ def test_quick_demo_recipe_runs_on_the_shipped_checkpoints(tmp_path, vllm_engine
 
 def test_answer_loss_shows_what_the_shipped_models_can_do(tmp_path):
     """`scripts/answer_loss.py` on niah_single_1 at 1k, as checkpoints/README.md quotes it: the gated model
-    copies a needle's later digits (the baseline does not), and both only guess its first digit."""
+    copies a needle's later digits (the baseline, whose digit embeddings have collapsed together, does not),
+    and both only guess its first digit."""
     tasks = tmp_path / "tasks"
     prep = subprocess.run([sys.executable, "-m", "longctx", "ruler", "prepare", "--tokenizer",
                            str(CHECKPOINTS / "tiny-gated"), "--lengths", "1k", "--tasks", "niah_single_1",
                            "--samples", "10", "-o", str(tasks)], capture_output=True, text=True)
     assert prep.returncode == 0, prep.stderr[-2000:]
-    losses = {}
+    losses, cosines = {}, {}
     for m in ("baseline", "gated"):
         r = subprocess.run([sys.executable, str(ROOT / "scripts" / "answer_loss.py"), str(CHECKPOINTS / f"tiny-{m}"),
                             str(tasks / "1024" / "niah_single_1.jsonl"), "--samples", "10"],
                            capture_output=True, text=True)
         assert r.returncode == 0, r.stderr[-2000:]
-        line = r.stdout.strip().splitlines()[-1]
+        cosine_line, line = r.stdout.strip().splitlines()[-2:]
+        cosines[m] = float(cosine_line.split("between digits ")[1].split(",")[0])
         first = float(line.split("first answer token ")[1].split(" nats")[0])
         later = float(line.split("later tokens ")[1].split(" nats")[0])
         losses[m] = first, later
     assert losses["gated"][1] < 0.7 < 1.8 < losses["baseline"][1], losses
     assert min(losses["baseline"][0], losses["gated"][0]) > 1.5, losses  # ln 10 = 2.3: a guess
+    assert cosines["gated"] < 0.8 < 0.9 < cosines["baseline"], cosines
 
 
 @pytest.mark.parametrize("checkpoint, tasks, message", [
