@@ -47,7 +47,8 @@ REQUIRED = object()
 
 # Key -> (kind, default). Kinds are checked by `_coerce`; None defaults mean "the library's default".
 _INIT = {"preset": ("str", REQUIRED), "attention": ("str", REQUIRED), "match_params": ("bool", False),
-         "seed": ("int", 0), "tokenizer": ("tokenizer", "reference"), "vocab_size": ("int>0", 4096), "dtype": ("str", None)}
+         "seed": ("int", 0), "tokenizer": ("tokenizer", "reference"), "vocab_size": ("int>0", 4096),
+         "dtype": ("str", None)}
 _CONVERT = {"source": ("path", REQUIRED), "from": ("str", "official")}
 # The fields of longctx.train.loop.TrainSettings a recipe sets (checkpoint/output/resume/overwrite are the
 # pipeline's). Defaults stay TrainSettings' own, so only the keys a recipe gives are passed on.
@@ -82,7 +83,8 @@ _KIND_WORDS = {"str": "a string", "bool": "true or false", "int": "an integer", 
                "float>0": "a number > 0", "float>=0": "a number >= 0", "fraction": "a number from 0 to 1",
                "number": "a number > 0 (e.g. 1e6 or 1_000_000)", "count": "a count (e.g. 80B, 4M or 1e9)",
                "length": "a length (e.g. 32k or 32768)",
-               "path": "a path", "source": "a path or spec string", "tokenizer": "reference, bpe or a tokenizer directory", "factor": "a number > 1 (e.g. 4)",
+               "path": "a path", "source": "a path or spec string", "factor": "a number > 1 (e.g. 4)",
+               "tokenizer": "reference, bpe or a tokenizer directory",
                "specs": "a data spec or a list of them (file, directory, hf:<id>, synthetic:<kind>)",
                "names": "a name or a list of names", "lengths": "lengths (e.g. 4k,8k or [4096, 8192])"}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")

@@ -69,11 +69,12 @@ def main() -> None:
         fail(f"checkpoint {args.checkpoint} has no config.json (give a local transformers checkpoint directory)")
     tok = AutoTokenizer.from_pretrained(args.checkpoint)
     model = AutoModelForCausalLM.from_pretrained(args.checkpoint, dtype=torch.float32).eval()
-    first, rest, top1 = [], [], 0
-    cos = {name: mean_cosine(model, tok, chars) for name, chars in (("digits", "0123456789"), ("letters", "abcdefghij"))}
+    cos = {name: mean_cosine(model, tok, chars)
+           for name, chars in (("digits", "0123456789"), ("letters", "abcdefghij"))}
     print(f"{args.checkpoint}: embedding cosine between digits {cos['digits']:.2f}, between letters a-j "
           f"{cos['letters']:.2f}" if None not in cos.values() else
           f"{args.checkpoint}: the tokenizer has no single-character digit and letter tokens (no embedding cosine)")
+    first, rest, top1 = [], [], 0
     for row in rows:
         losses, hit = answer_losses(model, tok, row)
         first.append(losses[0])

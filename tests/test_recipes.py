@@ -113,7 +113,8 @@ def test_an_init_tokenizer_directory_counts_from_the_recipe_file(tmp_path):
     (tmp_path / "base" / "tok").mkdir(parents=True)
     base = write(tmp_path / "base" / "r.yaml", {"models": {
         "baseline": {"init": {"preset": "tiny", "attention": "baseline", "tokenizer": "tok"}},
-        "gated": {"init": {"preset": "tiny", "attention": "elementwise", "tokenizer": "bpe"}}}, "yarn": {"factor": 2}})
+        "gated": {"init": {"preset": "tiny", "attention": "elementwise", "tokenizer": "bpe"}}},
+        "yarn": {"factor": 2}})
     r = load_recipe(base)
     assert [m.settings["tokenizer"] for m in r.models] == [str(tmp_path / "base" / "tok"), "bpe"]
     (tmp_path / "variant").mkdir()
