@@ -305,7 +305,7 @@ def _model(file: str, name: str, raw: Any, base_dir: Path) -> Model:
                                                      "(the released checkpoint's local folder)")
     if source == "init":
         from longctx.models.gated_qwen3 import gate_flags
-        from longctx.models.presets import check_preset
+        from longctx.models.presets import check_preset, check_tokenizer
 
         try:
             check_preset(settings["preset"])
@@ -314,10 +314,10 @@ def _model(file: str, name: str, raw: Any, base_dir: Path) -> Model:
             raise InputError(f"{file}: {where}.init: {e}") from None
         if settings["match_params"] and settings["attention"] == "baseline":
             raise _fail(file, f"{where}.init.match_params", "is for gated models only (attention: baseline)")
-        tok = settings["tokenizer"]
-        if tok not in TOKENIZER_CHOICES and not Path(tok).is_dir():
-            raise _fail(file, f"{where}.init.tokenizer", f"'{tok}' is neither {' nor '.join(TOKENIZER_CHOICES)} nor "
-                                                         "an existing tokenizer directory")
+        try:
+            check_tokenizer(settings["tokenizer"])
+        except InputError as e:
+            raise _fail(file, f"{where}.init.tokenizer", str(e)) from None
     return Model(name, source, settings)
 
 
@@ -326,7 +326,7 @@ def _source_length(model: Model) -> int | None:
     from longctx.rope import read_rope
 
     if model.source == "init":
-        from longctx.models.presets import check_preset
+        from longctx.models.presets import check_preset, check_tokenizer
 
         return check_preset(model.settings["preset"]).get("max_position_embeddings")
     cfg_path = (model.checkpoint if model.source == "checkpoint" else Path(model.settings["source"])) / "config.json"

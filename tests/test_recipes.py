@@ -111,6 +111,7 @@ def test_an_init_tokenizer_directory_counts_from_the_recipe_file(tmp_path):
     """`init.tokenizer` is reference, bpe or a directory; the directory is a path like any other (from the
     recipe's folder, or from the base's for a base recipe's models), the two names stay names."""
     (tmp_path / "base" / "tok").mkdir(parents=True)
+    (tmp_path / "base" / "tok" / "tokenizer.json").write_text("{}")
     base = write(tmp_path / "base" / "r.yaml", {"models": {
         "baseline": {"init": {"preset": "tiny", "attention": "baseline", "tokenizer": "tok"}},
         "gated": {"init": {"preset": "tiny", "attention": "elementwise", "tokenizer": "bpe"}}},

@@ -95,6 +95,18 @@ def check_preset(preset: str) -> dict[str, Any]:
     return PRESETS[preset]
 
 
+def check_tokenizer(spec: str) -> None:
+    """InputError unless `spec` is one of TOKENIZER_CHOICES or a directory holding tokenizer files."""
+    from longctx.errors import InputError
+
+    if spec in TOKENIZER_CHOICES:
+        return
+    if not Path(spec).is_dir():
+        raise InputError(f"'{spec}' is neither {' nor '.join(TOKENIZER_CHOICES)} nor an existing tokenizer directory")
+    if not any(Path(spec).glob("tokenizer*")):
+        raise InputError(f"'{spec}' holds no tokenizer files (tokenizer.json / tokenizer_config.json)")
+
+
 def model_config(preset: str, attention: str, vocab_size: int, match_params: bool = False, **overrides: Any):
     """The transformers config for a preset and attention variant: `Qwen3Config` for the baseline
     (plain Qwen3, vLLM's native path), `GatedQwen3Config` for the gated variants.
@@ -215,15 +227,11 @@ def init_checkpoint(out: str | os.PathLike, preset: str = "tiny", attention: str
     check_preset(preset)
     gate_flags(attention)
     out = Path(out)
-    sources = []
-    if tokenizer not in TOKENIZER_CHOICES:
-        tok_dir = Path(tokenizer)
-        if not tok_dir.is_dir():
-            raise InputError(f"tokenizer '{tokenizer}' is neither {' nor '.join(TOKENIZER_CHOICES)} "
-                             "nor an existing tokenizer directory")
-        if not any(tok_dir.glob("tokenizer*")):
-            raise InputError(f"'{tokenizer}' holds no tokenizer files (tokenizer.json / tokenizer_config.json)")
-        sources.append(tok_dir)
+    try:
+        check_tokenizer(tokenizer)
+    except InputError as e:
+        raise InputError(f"tokenizer {e}") from None
+    sources = [] if tokenizer in TOKENIZER_CHOICES else [Path(tokenizer)]
     if bpe_corpus_file is not None and not Path(bpe_corpus_file).is_file():
         raise InputError(f"BPE corpus '{bpe_corpus_file}' is not a file")
     if match_params and attention == "baseline":
