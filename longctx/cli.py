@@ -254,13 +254,17 @@ def compare(runs, baseline, reference, output):
 @click.option("--dtype", help="Weights dtype: float32, bfloat16 or float16 [default: float32 for tiny, "
                               "bfloat16 for paper-1.7b].")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed of the initialisation.")
+@click.option("--untie-embeddings", is_flag=True, help="Give the output layer its own matrix instead of the input "
+                                                       "embedding's (the presets tie them).")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
-def init(out, preset, attention, tokenizer, bpe_vocab_size, bpe_corpus, match_params, dtype, seed, overwrite):
+def init(out, preset, attention, tokenizer, bpe_vocab_size, bpe_corpus, match_params, dtype, seed, untie_embeddings,
+         overwrite):
     """Write a freshly initialised checkpoint (config, safetensors, tokenizer) to OUT."""
     from longctx.models.presets import init_checkpoint
 
+    untie = {"tie_word_embeddings": False} if untie_embeddings else {}
     r = init_checkpoint(out, preset, attention, tokenizer, match_params, seed, overwrite, dtype, bpe_vocab_size,
-                        bpe_corpus)
+                        bpe_corpus, **untie)
     click.echo(f"wrote {r['output']}")
     click.echo(f"  {r['architecture']} ({r['attention']}), preset {r['preset']}, {r['dtype']}")
     click.echo(f"  parameters: {r['parameters']:,} (baseline at this preset: {r['baseline_parameters']:,}), "

@@ -48,7 +48,7 @@ REQUIRED = object()
 # Key -> (kind, default). Kinds are checked by `_coerce`; None defaults mean "the library's default".
 _INIT = {"preset": ("str", REQUIRED), "attention": ("str", REQUIRED), "match_params": ("bool", False),
          "seed": ("int", 0), "tokenizer": ("tokenizer", "reference"), "vocab_size": ("int>0", 4096),
-         "dtype": ("str", None)}
+         "dtype": ("str", None), "tie_embeddings": ("bool", None)}
 _CONVERT = {"source": ("path", REQUIRED), "from": ("str", "official")}
 # The fields of longctx.train.loop.TrainSettings a recipe sets (checkpoint/output/resume/overwrite are the
 # pipeline's). Defaults stay TrainSettings' own, so only the keys a recipe gives are passed on.
@@ -771,8 +771,9 @@ def _execute(recipe: Recipe, step: Step, log: Callable[[str], None]) -> str | No
         from longctx.models.presets import init_checkpoint
 
         s = step.settings
+        untie = {} if s["tie_embeddings"] is None else {"tie_word_embeddings": s["tie_embeddings"]}
         init_checkpoint(step.outputs[0], s["preset"], s["attention"], s["tokenizer"], s["match_params"], s["seed"],
-                        True, s["dtype"], s["vocab_size"])
+                        True, s["dtype"], s["vocab_size"], **untie)
     elif step.stage == "convert":
         from longctx.models.convert import convert_checkpoint
 

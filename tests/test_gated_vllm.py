@@ -4,6 +4,8 @@ One engine per attention variant (baseline on vLLM's native Qwen3 path, G1 eleme
 headwise through the `longctx` vLLM plugin). Each tiny checkpoint has GQA 2:1 and is YaRN-scaled x4
 (trained length 256 -> 1024), so one engine covers: a prompt longer than one KV-cache block (vLLM CPU
 uses 128-token blocks), positions past the original length, ragged batches, and 32 greedy tokens.
+The headwise checkpoint has untied embeddings (`init --untie-embeddings`, the plugin's own `lm_head`
+path); the other two tie them, as the presets do.
 
 References: vLLM 0.32 `model_executor/models/qwen3.py` (the port), transformers 5.19
 `Qwen3ForCausalLM` / `longctx.models.gated_qwen3` (the HF side).
@@ -32,7 +34,9 @@ NEW_TOKENS = 32
 @pytest.fixture(scope="module")
 def parity_checkpoints(tmp_path_factory, reference_tokenizer_dir):
     root = tmp_path_factory.mktemp("parity")
-    return {v: Path(init_checkpoint(root / v, "tiny", v, tokenizer=str(reference_tokenizer_dir), **YARN, **INIT)["output"])
+    untied = {"headwise": {"tie_word_embeddings": False}}
+    return {v: Path(init_checkpoint(root / v, "tiny", v, tokenizer=str(reference_tokenizer_dir), **YARN, **INIT,
+                                    **untied.get(v, {}))["output"])
             for v in ("baseline", "elementwise", "headwise")}
 
 
@@ -74,6 +78,7 @@ def test_hf_and_vllm_agree(variant, parity_checkpoints, vllm_engines):
     cfg = json.loads((ckpt / "config.json").read_text())
     expected_arch = "Qwen3ForCausalLM" if variant == "baseline" else "GatedQwen3ForCausalLM"
     assert cfg["architectures"] == [expected_arch] and cfg["num_attention_heads"] == 2 * cfg["num_key_value_heads"]
+    assert cfg["tie_word_embeddings"] is (variant != "headwise")
     prompts = _prompts(cfg["vocab_size"])
 
     llm = vllm_engines.get(ckpt, max_model_len=YARN["max_position_embeddings"])

@@ -110,6 +110,22 @@ def test_match_params_cli(tmp_path, reference_tokenizer_dir):
     assert abs(n - parameter_count(model_config("tiny", "baseline", 32000))) <= 2 * 3 * 128 / 2
 
 
+def test_untie_embeddings_gives_the_output_layer_its_own_matrix(tmp_path, reference_tokenizer_dir):
+    r = run("init", tmp_path / "u", "--preset", "tiny", "--attention", "elementwise", "--match-params",
+            "--untie-embeddings", "--tokenizer", reference_tokenizer_dir)
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "u" / "config.json").read_text())["tie_word_embeddings"] is False
+    weights = load_file(tmp_path / "u" / "model.safetensors")
+    assert weights["lm_head.weight"].shape == (32000, 128)
+    assert not torch.equal(weights["lm_head.weight"], weights["model.embed_tokens.weight"])
+    # both sides of a comparison grow by the same matrix, so --match-params still matches the untied baseline
+    untied_baseline = parameter_count(model_config("tiny", "baseline", 32000, tie_word_embeddings=False))
+    assert untied_baseline == parameter_count(model_config("tiny", "baseline", 32000)) + 32000 * 128
+    assert abs(sum(t.numel() for t in weights.values()) - untied_baseline) <= 2 * 3 * 128 / 2
+    assert f"baseline at this preset: {untied_baseline:,}" in r.output
+    assert json.loads((tmp_path / "u" / "longctx.json").read_text())["args"]["tie_word_embeddings"] is False
+
+
 @pytest.mark.parametrize("args,message", [
     (["init", "{root}/new", "--preset", "huge", "--attention", "baseline"], "unknown preset 'huge'"),
     (["init", "{root}/new", "--preset", "paper-17b", "--attention", "baseline"], "did you mean 'paper-1.7b'"),

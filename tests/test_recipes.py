@@ -180,7 +180,8 @@ def test_run_skips_what_is_done_and_reruns_what_changed(tmp_path):
     """A tiny end-to-end recipe: init -> extend -> yarn -> ruler (hf) -> sinks -> compare, run three times."""
     pytest.importorskip("longctx.train.loop")
     doc = {"models": {"baseline": {"init": {"preset": "tiny", "attention": "baseline"}},
-                      "gated": {"init": {"preset": "tiny", "attention": "elementwise", "match_params": True}}},
+                      "gated": {"init": {"preset": "tiny", "attention": "elementwise", "match_params": True,
+                                         "tie_embeddings": False}}},
            "extend": {"rope_base": "1e6", "seq_len": "2k", "data": ["synthetic:mixed"], "steps": 2,
                       "tokens_per_step": 2048, "lr": "1e-3"},
            "yarn": {"factor": 2},
@@ -202,6 +203,14 @@ def test_run_skips_what_is_done_and_reruns_what_changed(tmp_path):
     assert (out / "compare" / "compare.md").is_file() and (out / "compare" / "loss.md").is_file()
     ckpt = out / "gated" / "yarn" / "gated-yarn"
     assert json.loads((ckpt / "config.json").read_text())["rope_parameters"]["original_max_position_embeddings"] == 2048
+    # init.tie_embeddings: false gives the gated model its own output matrix, kept through training and YaRN
+    from safetensors import safe_open
+
+    for model, tied in (("baseline", True), ("gated", False)):
+        yarned = out / model / "yarn" / f"{model}-yarn"
+        assert json.loads((yarned / "config.json").read_text())["tie_word_embeddings"] is tied
+        with safe_open(yarned / "model.safetensors", "pt") as f:
+            assert ("lm_head.weight" in f.keys()) is not tied
     marker = json.loads((out / "gated" / "extend" / MARKER).read_text())
     assert marker["complete"] and marker["settings"]["seq_len"] == 2048
     if "sinks" in doc:
