@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import require_vllm
+from safetensors.torch import load_file, save_file
 
 from longctx.models.presets import init_checkpoint
 
@@ -35,9 +36,16 @@ NEW_TOKENS = 32
 def parity_checkpoints(tmp_path_factory, reference_tokenizer_dir):
     root = tmp_path_factory.mktemp("parity")
     untied = {"headwise": {"tie_word_embeddings": False}}
-    return {v: Path(init_checkpoint(root / v, "tiny", v, tokenizer=str(reference_tokenizer_dir), **YARN, **INIT,
-                                    **untied.get(v, {}))["output"])
-            for v in ("baseline", "elementwise", "headwise")}
+    paths = {v: Path(init_checkpoint(root / v, "tiny", v, tokenizer=str(reference_tokenizer_dir), **YARN, **INIT,
+                                     **untied.get(v, {}))["output"])
+             for v in ("baseline", "elementwise", "headwise")}
+    # init starts an untied output matrix as a copy of the embedding; a different one makes an engine that
+    # wrongly ties them fail the comparison
+    weights = load_file(paths["headwise"] / "model.safetensors")
+    shape = weights["lm_head.weight"].shape
+    weights["lm_head.weight"] = 0.1 * torch.randn(shape, generator=torch.Generator().manual_seed(2))
+    save_file(weights, paths["headwise"] / "model.safetensors", metadata={"format": "pt"})
+    return paths
 
 
 def _prompts(vocab):

@@ -117,7 +117,10 @@ def test_untie_embeddings_gives_the_output_layer_its_own_matrix(tmp_path, refere
     assert json.loads((tmp_path / "u" / "config.json").read_text())["tie_word_embeddings"] is False
     weights = load_file(tmp_path / "u" / "model.safetensors")
     assert weights["lm_head.weight"].shape == (32000, 128)
-    assert not torch.equal(weights["lm_head.weight"], weights["model.embed_tokens.weight"])
+    # it starts as a copy of the input embedding (the tied model it replaces), but is its own tensor
+    assert torch.equal(weights["lm_head.weight"], weights["model.embed_tokens.weight"])
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "u")
+    assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
     # both sides of a comparison grow by the same matrix, so --match-params still matches the untied baseline
     untied_baseline = parameter_count(model_config("tiny", "baseline", 32000, tie_word_embeddings=False))
     assert untied_baseline == parameter_count(model_config("tiny", "baseline", 32000)) + 32000 * 128
