@@ -424,6 +424,11 @@ def _fwe(rng: random.Random, budget: int) -> str:
 
 # --- copying ----------------------------------------------------------------------------------------
 
+# Half of a copy line's items are numbers: RULER's answers are numbers, and a model that copies letters but
+# sees few digits to copy can leave its digit embeddings collapsed together, unable to copy one (issue 7).
+NUMBER_SHARE = 0.5
+
+
 def _copy_line(rng: random.Random, longest: int) -> tuple[str, int]:
     """A line of 8..`longest` random letter strings and numbers, and its estimated token count.
 
@@ -433,7 +438,7 @@ def _copy_line(rng: random.Random, longest: int) -> tuple[str, int]:
     per digit."""
     items = []
     for _ in range(rng.randint(8, longest)):
-        if rng.random() < 0.2:
+        if rng.random() < NUMBER_SHARE:
             items.append(str(rng.randint(0, 10**rng.randint(1, 7) - 1)))
         else:
             items.append("".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 7))))
