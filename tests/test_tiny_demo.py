@@ -66,9 +66,9 @@ def test_quick_demo_recipe_runs_on_the_shipped_checkpoints(tmp_path, vllm_engine
 
 
 def test_answer_loss_shows_what_the_shipped_models_can_do(tmp_path):
-    """`scripts/answer_loss.py` on niah_single_1 at 1k, as checkpoints/README.md quotes it: the gated model
-    copies a needle's later digits (the baseline, whose digit embeddings have collapsed together, does not),
-    and both only guess its first digit."""
+    """`scripts/answer_loss.py` on niah_single_1 at 1k, as checkpoints/README.md quotes it: both models copy a
+    needle's later digits (their digit embeddings stay apart), the gated one also looks its first digit up
+    and the baseline only guesses it."""
     tasks = tmp_path / "tasks"
     prep = subprocess.run([sys.executable, "-m", "longctx", "ruler", "prepare", "--tokenizer",
                            str(CHECKPOINTS / "tiny-gated"), "--lengths", "1k", "--tasks", "niah_single_1",
@@ -85,9 +85,9 @@ def test_answer_loss_shows_what_the_shipped_models_can_do(tmp_path):
         first = float(line.split("first answer token ")[1].split(" nats")[0])
         later = float(line.split("later tokens ")[1].split(" nats")[0])
         losses[m] = first, later
-    assert losses["gated"][1] < 0.7 < 1.8 < losses["baseline"][1], losses
-    assert min(losses["baseline"][0], losses["gated"][0]) > 1.5, losses  # ln 10 = 2.3: a guess
-    assert cosines["gated"] < 0.8 < 0.9 < cosines["baseline"], cosines
+    assert max(losses["baseline"][1], losses["gated"][1]) < 0.5, losses  # ln 10 = 2.3 would be a guess
+    assert losses["gated"][0] < 0.7 < 1.5 < losses["baseline"][0], losses
+    assert max(cosines.values()) < 0.85, cosines  # a collapsed model's digits were at 0.94
 
 
 @pytest.mark.parametrize("checkpoint, tasks, message", [
