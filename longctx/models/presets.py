@@ -252,8 +252,7 @@ def init_checkpoint(out: str | os.PathLike, preset: str = "tiny", attention: str
         model = cls._from_config(config, dtype=getattr(torch, dtype)).eval()
         if not config.tie_word_embeddings:
             # Untied, the output matrix starts as a copy of the input embedding: the model begins as the tied
-            # one it replaces and only training separates the two (a fresh random output matrix left the tiny
-            # baseline unable to start copying in tiny-pretrain's copy phase; issue 7's notes).
+            # one it replaces, so untying changes only how training moves the two matrices, not the start.
             with torch.no_grad():
                 model.get_output_embeddings().weight.copy_(model.get_input_embeddings().weight)
         params = sum(p.numel() for p in model.parameters())
