@@ -149,6 +149,8 @@ SMALL = {"models": TINY, "yarn": {"factor": 4}, "ruler": {"lengths": "1k", "task
      "models.baseline.init.tokenizer '{tmp}/bpee' is neither reference nor bpe nor an existing tokenizer directory"),
     ({"models": TINY, "ruler": {"lengths": "1k"}, "compare": {"baseline": "basline"}},
      "compare.baseline 'basline' is not a model of this recipe (baseline); did you mean 'baseline'?"),
+    ({"models": {"gated": {"init": {"preset": "tiny", "attention": "elementwise", "tie_embeddings": "no"}}},
+      "yarn": {"factor": 4}}, "models.gated.init.tie_embeddings must be true or false, got 'no'"),
     ({"models": TINY, "yarn": {"factor": 4}, "ruler": {"lengths": "1k", "backend": "vlm"}},
      "ruler.backend must be one of vllm, openai, hf, got 'vlm'; did you mean 'vllm'?"),
 ])
