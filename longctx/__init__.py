@@ -1,4 +1,23 @@
-"""longctx.
+"""longctx: take a language-model checkpoint to long context and measure what that did to it.
+
+    longctx run recipes/tiny-cpu.yaml            # the whole pipeline on two tiny models (CPU, ~10 min)
+    longctx extend CKPT --rope-base 1e6 --seq-len 32k --data DATA --tokens 1B -o OUT
+    longctx yarn OUT --factor 4
+    longctx ruler OUT-yarn4x --lengths 4k,8k,16k,32k,64k,128k --data-dir DATA -o RUN
+
+Layers, lowest first; a module imports only lower layers or its own folder, stages never import each
+other, and nothing imports the CLI (tests/test_layers.py checks it):
+
+    core        errors, units, atomic files, hashing, timestamps, setting kinds, the settings base
+    models      the gated-attention family for transformers and vLLM     (ruler_tasks sits here too:
+                                                                          the RULER generators, a leaf)
+    checkpoint  checkpoint folders: config and RoPE, fingerprints, side files, provenance, loaders
+    data        text documents from data specs, the synthetic corpora
+    stages      checkpoint -> checkpoint: init, convert, yarn, extend; prompts -> predictions -> scores:
+                eval; checkpoint -> measurements: sinks. Each has a settings type (`<stage>/settings.py`).
+    report      result files -> tables and plots (compare, sinks tables, loss curves); runs no model
+    recipe      recipes: sections (the stages' settings), loading, the plan, the runner
+    cli         the command line, derived from the settings types
 
 Importing longctx registers the gated-attention family (`gated_qwen3`) with transformers' Auto
 classes, so `AutoModelForCausalLM.from_pretrained(dir)` loads any checkpoint longctx writes. The

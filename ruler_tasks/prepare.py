@@ -1,8 +1,11 @@
 """`prepare()`: generate RULER task files `out_dir/<length>/<task>.jsonl` plus `out_dir/manifest.json`.
 
-Re-running with identical inputs reuses complete files (same key and same sha256 in the manifest);
-any different input (tokenizer, seed, samples, template, data checksum, task version) regenerates.
-Files are streamed to a temporary file beside the target and renamed at the end.
+Task files are reused, never regenerated, when their inputs are unchanged: a whole request (tokenizer,
+lengths, tasks, samples, seed, template, data files by size and mtime) that the manifest already
+answered returns at once when every file it lists still has its sha256; otherwise each file is reused
+when its own key (the same inputs, data by checksum) and sha256 match, and generated when not. Any
+different input (tokenizer, seed, samples, template, data checksum, task version) regenerates. Files are
+streamed to a temporary file beside the target and renamed at the end.
 """
 
 from __future__ import annotations
@@ -12,13 +15,14 @@ import hashlib
 import importlib
 import json
 import os
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
+from longctx.core.files import write_json
+from longctx.core.hashing import hash_json, sha256_file, tokenizer_fingerprint
 from ruler_tasks.constants import UPSTREAM_COMMIT
 from ruler_tasks.errors import RulerInputError
 from ruler_tasks.registry import TaskSpec, resolve_tasks
@@ -70,16 +74,6 @@ def load_tokenizer(path):
     return tok
 
 
-def tokenizer_fingerprint(tok) -> str:
-    from ruler_tasks.counting import backend_of
-
-    h = hashlib.sha256()
-    h.update(backend_of(tok).to_str().encode())
-    h.update(b"\0" + str(getattr(tok, "chat_template", None) or "").encode())
-    h.update(b"\0" + str(getattr(tok, "bos_token", None) or "").encode())
-    return h.hexdigest()
-
-
 def _validate(lengths, samples, seed, template, specs: Sequence[TaskSpec]) -> list[int]:
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise RulerInputError(f"--samples must be a positive integer (got {samples!r})")
@@ -104,24 +98,81 @@ def _validate(lengths, samples, seed, template, specs: Sequence[TaskSpec]) -> li
     return out
 
 
-def _write_json_atomic(path: Path, obj) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+def _stat(paths) -> list:
+    """Each given source path by its files' names, sizes and mtimes (cheap: nothing is read)."""
+    out = []
+    for src in paths:
+        if src is None:
+            out.append(None)
+            continue
+        p = Path(str(src))
+        items = sorted(p.iterdir()) if p.is_dir() else [p] if p.exists() else []
+        out.append([str(src), [(x.name, x.stat().st_size, x.stat().st_mtime_ns) for x in items if x.is_file()]])
+    return out
 
 
-def _sha256_file(path: Path) -> str:
+def _read_manifest(out: Path) -> dict:
+    try:
+        manifest = json.loads((out / MANIFEST).read_text()) if (out / MANIFEST).is_file() else {}
+    except (OSError, json.JSONDecodeError):
+        manifest = {}
+    return manifest if manifest.get("format") == FORMAT else {"format": FORMAT}
+
+
+def _intact(out: Path, manifest: dict, rels: list[str]) -> bool:
+    files = manifest.get("files", {})
+    return all(rel in files and (out / rel).is_file() and sha256_file(out / rel) == files[rel].get("sha256")
+               for rel in rels)
+
+
+def _english_words(path) -> tuple[list | None, str | None]:
+    if path is None:
+        return None, None
+    raw = Path(path).read_bytes()
+    try:
+        words = list(json.loads(raw).values())
+    except Exception:  # noqa: BLE001
+        raise RulerInputError(f"english words file '{path}' is not RULER's english_words.json (a JSON object)") from None
+    return words, hashlib.sha256(raw).hexdigest()
+
+
+def _write_task_file(path: Path, gen, samples: int, label: str, progress: bool) -> tuple[str, int, float | None]:
+    """Stream `gen`'s records to `path` (temp file, then rename); (sha256, samples, time of the first)."""
+    import tempfile
+
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
+    n, t_first, bar = 0, None, None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            if progress:
+                from tqdm import tqdm
+
+                bar = tqdm(total=samples, desc=label, unit="sample", leave=False)
+            for rec in gen:
+                if t_first is None:
+                    t_first = time.perf_counter()
+                line = json.dumps(rec) + "\n"
+                f.write(line)
+                h.update(line.encode("utf-8"))
+                n += 1
+                if bar is not None:
+                    bar.update(1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    return h.hexdigest(), n, t_first
 
 
 def prepare(
-    tokenizer: str | os.PathLike,
+    tokenizer: Any,
     lengths: Iterable[int],
     tasks: Sequence[str] | str | None = None,
     samples: int = 500,
@@ -139,60 +190,57 @@ def prepare(
     """Write `out_dir/<length>/<task>.jsonl` for every length x task, plus `out_dir/manifest.json`.
 
     Maps 1:1 onto `longctx ruler prepare --tokenizer --lengths --tasks --samples --seed --template
-    --data-dir --essay --squad --hotpotqa -o`. Bad input raises `RulerInputError` before anything is written.
+    --data-dir --essay --squad --hotpotqa -o`. `tokenizer` is a tokenizer directory or an already loaded
+    fast tokenizer. Bad input raises `RulerInputError` before anything is written.
     """
-    from ruler_tasks.counting import TokenCounter
     from ruler_tasks.data import load_source, resolve_sources
-    from ruler_tasks.punkt import PUNKT_SHA256
     from ruler_tasks.words import wonderwords_version
 
     specs = resolve_tasks(tasks)
     lengths = _validate(list(lengths) if not isinstance(lengths, int) else lengths, samples, seed, template, specs)
-    needed = []
-    for s in specs:
-        for n in s.needs:
-            if n not in needed:
-                needed.append(n)
+    needed = list(dict.fromkeys(n for s in specs for n in s.needs))
     origins = resolve_sources(needed, data_dir, essay, squad, hotpotqa)
-    tok = load_tokenizer(tokenizer)
-    mtemplate = model_template(template, tok)
-    data = {n: load_source(n, o) for n, o in origins.items()}
-    words = None
-    words_sha = None
-    if english_words is not None:
-        raw = Path(english_words).read_bytes()
-        try:
-            words = list(json.loads(raw).values())
-        except Exception:  # noqa: BLE001
-            raise RulerInputError(f"english words file '{english_words}' is not RULER's english_words.json (a JSON object)") from None
-        words_sha = hashlib.sha256(raw).hexdigest()
-    counter = TokenCounter(tok)
+    loaded = not isinstance(tokenizer, (str, os.PathLike))
+    tok = tokenizer if loaded else load_tokenizer(tokenizer)
     fp = tokenizer_fingerprint(tok)
+    words, words_sha = _english_words(english_words)
     out = Path(out_dir)
+    manifest = _read_manifest(out)
+    rels = [f"{L}/{s.name}.jsonl" for L in lengths for s in specs]
+    request = hash_json({"tokenizer": fp, "lengths": lengths, "tasks": [(s.name, s.version) for s in specs],
+                         "samples": samples, "seed": seed, "template": template, "english_words": words_sha,
+                         "sources": _stat((data_dir, essay, squad, hotpotqa)), "wonderwords": wonderwords_version()})
+    if manifest.get("request") == request and _intact(out, manifest, rels):
+        return PrepareResult(out, [out / r for r in rels],
+                             [TaskTiming(s.name, L, samples, 0.0, 0.0, True) for L in lengths for s in specs], manifest)
+    data = {n: load_source(n, o) for n, o in origins.items()}
     out.mkdir(parents=True, exist_ok=True)
-    mpath = out / MANIFEST
-    try:
-        manifest = json.loads(mpath.read_text()) if mpath.is_file() else {}
-    except (OSError, json.JSONDecodeError):
-        manifest = {}
-    if manifest.get("format") != FORMAT:
-        manifest = {"format": FORMAT}
-    files = manifest.setdefault("files", {})
-    common = {
-        "upstream": f"NVIDIA/RULER@{UPSTREAM_COMMIT}",
-        "tokenizer": {"path": str(tokenizer), "fingerprint": fp, "counting": counter.strategy},
-        "template": mtemplate.describe(),
-        "seed": seed,
-        "samples": samples,
-        "data": {n: d.manifest_entry() for n, d in data.items()},
-        "english_words_sha256": words_sha,
-        "wonderwords": wonderwords_version(),
-        "punkt_tab_sha256": PUNKT_SHA256,
-    }
-    manifest.update({k: v for k, v in common.items() if k not in ("data",)})
-    manifest.setdefault("data", {}).update(common["data"])
-    result = PrepareResult(out_dir=out, manifest=manifest)
+    path_name = getattr(tok, "name_or_path", None) if loaded else str(tokenizer)
+    result = _generate(tok, fp, path_name, lengths, specs, samples, seed, template, data, words, words_sha, out,
+                       manifest, progress)
+    manifest["request"] = request
+    write_json(out / MANIFEST, manifest)
+    return result
 
+
+def _generate(tok, fp, path_name, lengths, specs, samples, seed, template, data, words, words_sha, out: Path,
+              manifest: dict, progress: bool) -> PrepareResult:
+    """Every (length, task) file: reused when its key and sha256 match, else generated."""
+    from ruler_tasks._common import GenContext
+    from ruler_tasks.counting import TokenCounter
+    from ruler_tasks.punkt import PUNKT_SHA256
+    from ruler_tasks.words import wonderwords_version
+
+    mtemplate = model_template(template, tok)
+    counter = TokenCounter(tok)
+    files = manifest.setdefault("files", {})
+    manifest.update({"upstream": f"NVIDIA/RULER@{UPSTREAM_COMMIT}",
+                     "tokenizer": {"path": path_name, "fingerprint": fp, "counting": counter.strategy},
+                     "template": mtemplate.describe(), "seed": seed, "samples": samples,
+                     "english_words_sha256": words_sha, "wonderwords": wonderwords_version(),
+                     "punkt_tab_sha256": PUNKT_SHA256})
+    manifest.setdefault("data", {}).update({n: d.manifest_entry() for n, d in data.items()})
+    result = PrepareResult(out_dir=out, manifest=manifest)
     # The tokenizer, word lists and counting caches are hundreds of thousands of long-lived objects;
     # every cyclic-GC pass over them costs milliseconds, and generation allocates enough to trigger
     # many. Frozen (`gc.freeze`), the collector skips them; new garbage is still collected.
@@ -203,68 +251,35 @@ def prepare(
             for spec in specs:
                 rel = f"{L}/{spec.name}.jsonl"
                 path = out / rel
-                key_obj = {
+                key = hash_json({
                     "task": spec.name, "version": spec.version, "args": dict(spec.args), "length": L,
                     "samples": samples, "seed": seed, "template": mtemplate.describe(), "tokenizer": fp,
                     "data": {n: data[n].sha256 for n in spec.needs},
                     "wonderwords": wonderwords_version(), "punkt": PUNKT_SHA256,
                     "english_words": words_sha if spec.generator == "common_words_extraction" else None,
-                }
-                key = hashlib.sha256(json.dumps(key_obj, sort_keys=True).encode()).hexdigest()
+                })
                 entry = files.get(rel)
-                if entry and entry.get("key") == key and path.is_file() and _sha256_file(path) == entry.get("sha256"):
-                    result.files.append(path)
+                result.files.append(path)
+                if entry and entry.get("key") == key and path.is_file() and sha256_file(path) == entry.get("sha256"):
                     result.timings.append(TaskTiming(spec.name, L, samples, 0.0, 0.0, True))
                     continue
                 gc.freeze()  # includes the caches earlier tasks filled
                 t0 = time.perf_counter()
-                from ruler_tasks._common import GenContext
-
                 ctx = GenContext(spec.name, dict(spec.args), L, samples, seed, counter, mtemplate,
                                  spec.tokens_to_generate, {n: data[n] for n in spec.needs}, english_words=words)
                 gen = importlib.import_module(f"ruler_tasks.{_MODULES[spec.generator]}").generate(ctx)
-                h = hashlib.sha256()
-                fd, tmp = tempfile.mkstemp(prefix=f".{spec.name}.", suffix=".tmp", dir=path.parent)
-                n = 0
-                t_first = None
-                bar = None
-                try:
-                    with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-                        if progress:
-                            from tqdm import tqdm
-
-                            bar = tqdm(total=samples, desc=f"{L} {spec.name}", unit="sample", leave=False)
-                        for rec in gen:
-                            if t_first is None:
-                                t_first = time.perf_counter()
-                            line = json.dumps(rec) + "\n"
-                            f.write(line)
-                            h.update(line.encode("utf-8"))
-                            n += 1
-                            if bar is not None:
-                                bar.update(1)
-                    os.replace(tmp, path)
-                except BaseException:
-                    if os.path.exists(tmp):
-                        os.unlink(tmp)
-                    raise
-                finally:
-                    if bar is not None:
-                        bar.close()
+                sha, n, t_first = _write_task_file(path, gen, samples, f"{L} {spec.name}", progress)
                 t1 = time.perf_counter()
                 # setup = everything before the first sample came out (search included); loop = the rest,
                 # counted as n samples (the first sample's own cost is in setup: small next to the search).
-                setup = (t_first or t1) - t0
-                timing = TaskTiming(spec.name, L, samples, setup, t1 - (t_first or t1), False)
-                files[rel] = {"key": key, "sha256": h.hexdigest(), "task": spec.name, "version": spec.version,
+                result.timings.append(TaskTiming(spec.name, L, samples, (t_first or t1) - t0, t1 - (t_first or t1),
+                                                 False))
+                files[rel] = {"key": key, "sha256": sha, "task": spec.name, "version": spec.version,
                               "length": L, "samples": n, "metric": spec.metric,
                               "tokens_to_generate": spec.tokens_to_generate, "search": ctx.stats.get("search"),
                               "size": ctx.stats.get("size"), "retries": ctx.stats.get("retries", 0)}
-                _write_json_atomic(mpath, manifest)
-                result.files.append(path)
-                result.timings.append(timing)
+                write_json(out / MANIFEST, manifest)
     finally:
         if refreeze:
             gc.unfreeze()
-    _write_json_atomic(mpath, manifest)
     return result

@@ -16,7 +16,7 @@ from pathlib import Path
 
 PUNKT_DIR = Path(__file__).parent / "punkt_tab" / "english"
 
-# sha256 of the files (identical to shared/golden/ruler/nltk_data/tokenizers/punkt_tab/english/).
+# sha256 of the files (identical to NLTK's published punkt_tab English data, which RULER's goldens used).
 PUNKT_SHA256 = {
     "abbrev_types.txt": "0ab7d6b126eed733d9bc5733d3a51ea575e90ece1b908e77c9d5b74e2a54213a",
     "collocations.tab": "73d7f183e9cf31ee6edf41df100a6f57c72404db66f599fe86b3fb2e6148f35f",

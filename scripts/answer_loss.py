@@ -9,7 +9,7 @@ Prints two lines: how alike the model's input embeddings of the ten digits are (
 the same for ten letters), then the mean loss in nats of the first answer token and its top-1 accuracy,
 and the mean loss of the later answer tokens (whitespace-only tokens skipped), over the first N samples
 of the file. A model whose digit embeddings have collapsed together (cosine near 1) cannot copy a number
-digit by digit, whatever else it learnt (issue 7).
+digit by digit, whatever else it learnt (checkpoints/README.md).
 """
 
 import argparse

@@ -26,17 +26,18 @@ TARGET_OUTSIDE = 0.05
 
 
 def one_length(seq_len: int, steps: int, root: Path) -> dict:
-    from longctx.models.presets import write_tiny_qwen3
-    from longctx.train.loop import TrainSettings, train
+    from longctx.init.presets import write_tiny_qwen3
+    from longctx.extend.loop import extend
+    from longctx.extend.settings import ExtendSettings
 
     ckpt = root / "tiny"
     if not ckpt.exists():
         write_tiny_qwen3(ckpt, max_position_embeddings=1024)
     out = root / f"out-{seq_len}"
-    r = train(TrainSettings(checkpoint=str(ckpt), output=str(out), seq_len=seq_len, data=["synthetic:mixed"],
-                            rope_base=1e6, steps=steps, tokens_per_step=seq_len, lr=1e-4, overwrite=True,
-                            cache_dir=str(root / "cache")), progress=False)
-    log = [json.loads(line) for line in Path(r["log"]).read_text().splitlines()][1:]  # without the warm-up step
+    r = extend(ExtendSettings(checkpoint=str(ckpt), output=str(out), seq_len=seq_len, data=["synthetic:mixed"],
+                              rope_base=1e6, steps=steps, tokens_per_step=seq_len, lr=1e-4, overwrite=True,
+                              cache_dir=str(root / "cache")), progress=False)
+    log = [json.loads(line) for line in r.log.read_text().splitlines()][1:]  # without the warm-up step
     seconds = sum(e["seconds"] for e in log)
     compute = sum(e["compute_seconds"] for e in log)
     return {"seq_len": seq_len, "tokens_per_s": len(log) * seq_len / seconds,  # one sequence per step
@@ -45,7 +46,7 @@ def one_length(seq_len: int, steps: int, root: Path) -> dict:
 
 
 def main() -> None:
-    from longctx.params import parse_lengths
+    from longctx.core.units import parse_lengths
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", default="2k,4k,8k")

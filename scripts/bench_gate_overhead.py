@@ -33,7 +33,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     from longctx.models.gated_qwen3 import GatedQwen3ForCausalLM
-    from longctx.models.presets import model_config, parameter_count
+    from longctx.init.presets import model_config, parameter_count
     from transformers import Qwen3ForCausalLM
 
     shape = {"num_hidden_layers": args.layers}

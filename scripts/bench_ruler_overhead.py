@@ -38,10 +38,11 @@ def main() -> None:
 
     from vllm import LLM, SamplingParams
 
-    from longctx.checkpoint import write_reference_tokenizer
+    from longctx.checkpoint.tokenizer import write_reference_tokenizer
     from longctx.eval.runner import run_ruler
-    from longctx.models.presets import write_tiny_qwen3
-    from longctx.report import write_report
+    from longctx.eval.settings import RulerRunSettings
+    from longctx.init.presets import write_tiny_qwen3
+    from longctx.report.run import write_report
     from ruler_tasks.registry import TASKS
 
     root = Path(tempfile.mkdtemp(prefix="bench-ruler-"))
@@ -51,7 +52,11 @@ def main() -> None:
         llm = LLM(model=str(ckpt), dtype="float32", max_model_len=4096, seed=0)
         tasks = args.tasks.split(",")
         warm = root / "warm"
-        run_ruler(ckpt, [args.length], warm, tasks=tasks, samples=args.samples, engine=llm, progress=False)
+        def settings(out: Path) -> RulerRunSettings:
+            return RulerRunSettings(checkpoint=str(ckpt), lengths=[args.length], output=str(out), tasks=tasks,
+                                    samples=args.samples)
+
+        run_ruler(settings(warm), engine=llm, progress=False)
         prompts, params = [], []
         for t in tasks:
             for line in (warm / "tasks" / str(args.length) / f"{t}.jsonl").read_text().splitlines():
@@ -65,7 +70,7 @@ def main() -> None:
             shutil.copytree(warm / "tasks", out / "tasks")
             shutil.copy(warm / "run.json", out / "run.json")
             t0 = time.perf_counter()
-            r = run_ruler(ckpt, [args.length], out, tasks=tasks, samples=args.samples, engine=llm, progress=False)
+            r = run_ruler(settings(out), engine=llm, progress=False)
             t1 = time.perf_counter()
             write_report(out)
             t2 = time.perf_counter()

@@ -4,7 +4,7 @@
 Generates the 13 RULER tasks at 32k and 128k with the golden tokenizer (Mistral-7B v1 SentencePiece,
 rebuilt offline from mistral_common) and the fixture essay/QA data (tests/data/ruler/data), then prints
 seconds per sample and start-up per task beside the upstream figures measured on this machine kind
-(NVIDIA/RULER @ c3f5e3b, shared/golden/ruler/README.md "Upstream speed reference", n=20, one core).
+(NVIDIA/RULER @ c3f5e3b's generators timed on this machine kind, n=20, one core; the figures below).
 The last line is `ratio=<upstream s/sample / ours>` over the tasks with an upstream 128k figure.
 
     python scripts/bench_ruler_prepare.py [--samples 20] [--lengths 32768,131072] [--tokenizer DIR]
@@ -49,7 +49,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tok = args.tokenizer
         if tok is None:
-            from longctx.checkpoint import write_reference_tokenizer
+            from longctx.checkpoint.tokenizer import write_reference_tokenizer
 
             tok = str(write_reference_tokenizer(Path(tmp) / "tok"))
         out = args.out or str(Path(tmp) / "out")

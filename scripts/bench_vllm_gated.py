@@ -58,16 +58,18 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-    from longctx.models.presets import init_checkpoint
+    from longctx.init.checkpoint import init_checkpoint
+    from longctx.init.settings import InitSettings
 
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in ("baseline", args.attention):
             ckpt = Path(tmp) / name
-            r = init_checkpoint(ckpt, "paper-1.7b", name, tokenizer="bpe", match_params=name != "baseline" and not args.no_match_params,
-                                dtype="float32", num_hidden_layers=args.layers)
+            r = init_checkpoint(InitSettings(output=str(ckpt), preset="paper-1.7b", attention=name, tokenizer="bpe",
+                                             match_params=name != "baseline" and not args.no_match_params,
+                                             dtype="float32", config={"num_hidden_layers": args.layers}))
             results[name] = prefill_tokens_per_s(ckpt, args)
-            print(f"{name:<12} {r['architecture']:<22} params {r['parameters']:,}  FFN {r['intermediate_size']}  "
+            print(f"{name:<12} {r.architecture:<22} params {r.parameters:,}  FFN {r.intermediate_size}  "
                   f"prefill {results[name]:,.0f} tokens/s ({args.prompts}x{args.prompt_len}, {args.layers} layers)",
                   flush=True)
     print(f"ratio={results[args.attention] / results['baseline']:.4f}")

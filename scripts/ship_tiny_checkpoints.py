@@ -21,12 +21,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import longctx.models  # noqa: F401  (registers the gated architecture with transformers)
-from longctx.checkpoint import write_provenance
+from longctx.checkpoint.directory import copy_side_files, is_tokenizer_file, write_provenance
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "recipes" / "tiny-pretrain.yaml"
 MODELS = ("baseline", "gated")
-COPIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 
 
 def sha256(path: Path) -> str:
@@ -55,9 +54,7 @@ def main() -> None:
         shutil.rmtree(dst, ignore_errors=True)
         m = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
         m.save_pretrained(dst)
-        for name in COPIED:
-            if (src / name).is_file():
-                shutil.copy2(src / name, dst / name)
+        copy_side_files(src, dst, keep=lambda p: is_tokenizer_file(p) or p.name == "generation_config.json")
         write_provenance(dst, "shipped", {"recipe": str(RECIPE.relative_to(ROOT)), "recipe_sha256": sha256(RECIPE),
                                           "commit": commit, "dtype": "bfloat16",
                                           "ruler_at_training_length": ruler_scores(run, model)}, src)

@@ -9,9 +9,10 @@ import pytest
 def reference_tokenizer_dir(tmp_path_factory):
     """Mistral-7B v1 SentencePiece tokenizer (from `mistral_common`) as a transformers fast tokenizer.
 
-    Byte-identical to `shared/golden/ruler/tokenizer/` (the tokenizer RULER's goldens were made with).
+    The tokenizer NVIDIA/RULER's golden task files in tests/data/ruler were made with (tokenizer.json
+    sha256 37dd4082...).
     """
-    from longctx.checkpoint import write_reference_tokenizer
+    from longctx.checkpoint.tokenizer import write_reference_tokenizer
 
     out = tmp_path_factory.mktemp("tokenizer")
     write_reference_tokenizer(out)
@@ -25,7 +26,7 @@ TINY_TRAINED_LENGTH = 256
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory, reference_tokenizer_dir):
     """A tiny random Qwen3 checkpoint (fp32, head_dim 64, RoPE base 1e4, max_position_embeddings 256)."""
-    from longctx.models.presets import write_tiny_qwen3
+    from longctx.init.presets import write_tiny_qwen3
 
     return write_tiny_qwen3(tmp_path_factory.mktemp("ckpt") / "tiny", reference_tokenizer_dir,
                             max_position_embeddings=TINY_TRAINED_LENGTH)

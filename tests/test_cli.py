@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from longctx import __version__
-from longctx.cli import cli
+from longctx.cli.main import cli
 
 VERBS = ["compare", "convert", "extend", "info", "init", "ruler", "run", "sinks", "yarn"]
 

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
-from longctx.models.convert import convert_checkpoint, split_official_q_proj
+from longctx.convert.official import convert_checkpoint, split_official_q_proj
+from longctx.convert.settings import ConvertSettings
 
 VOCAB, D, HD, FFN, LAYERS = 512, 64, 64, 96, 2
 
@@ -129,8 +130,8 @@ CASES = [("elementwise", 2, 2, False), ("elementwise", 4, 2, False), ("headwise"
                          ids=[f"{v}-G{h // k}{'-bias' if b else ''}" for v, h, k, b in CASES])
 def test_converted_model_matches_the_official_forward(variant, heads, kv_heads, qkv_bias, tmp_path):
     cfg, sd = write_official(tmp_path / "official", variant, heads, kv_heads, qkv_bias)
-    summary = convert_checkpoint(tmp_path / "official", tmp_path / "ours")
-    assert summary["attention"] == variant and summary["kv_groups"] == heads // kv_heads
+    summary = convert_checkpoint(ConvertSettings(source=str(tmp_path / "official"), output=str(tmp_path / "ours")))
+    assert summary.attention == variant and summary.kv_groups == heads // kv_heads
     out = tmp_path / "ours"
     new_cfg = json.loads((out / "config.json").read_text())
     expected_arch = "Qwen3ForCausalLM" if variant == "baseline" else "GatedQwen3ForCausalLM"
@@ -182,7 +183,7 @@ def test_g2_is_not_the_qwen3_next_interleave(tmp_path):
 def _cli(*args):
     from click.testing import CliRunner
 
-    from longctx.cli import cli
+    from longctx.cli.main import cli
 
     return CliRunner().invoke(cli, [str(a) for a in args])
 

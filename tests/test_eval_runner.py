@@ -16,12 +16,19 @@ import pytest
 from click.testing import CliRunner
 from conftest import require_vllm
 
-from longctx.cli import cli
-from longctx.errors import InputError
-from longctx.eval.runner import run_ruler
-from longctx.report import load_results, write_report
+from longctx.cli.main import cli
+from longctx.core.errors import InputError
+from longctx.eval.runner import run_ruler as run_settings
+from longctx.eval.settings import RulerRunSettings
+from longctx.report.results import load_results
+from longctx.report.run import write_report
 
 TASKS = "niah_single_1,vt"
+
+
+def run_ruler(checkpoint, lengths, out, engine=None, progress=True, on_prediction=None, **settings):
+    s = RulerRunSettings(checkpoint=str(checkpoint), lengths=lengths, output=str(out), **settings)
+    return run_settings(s, engine=engine, progress=progress, on_prediction=on_prediction)
 
 
 def run(*args):
@@ -35,7 +42,7 @@ def lines(path: Path) -> list[dict]:
 @pytest.fixture(scope="session")
 def ruler_checkpoint(tmp_path_factory, reference_tokenizer_dir):
     """A tiny random Qwen3 (fp32) with a 4096-token context: long enough for RULER's 2k tasks."""
-    from longctx.models.presets import write_tiny_qwen3
+    from longctx.init.presets import write_tiny_qwen3
 
     return write_tiny_qwen3(tmp_path_factory.mktemp("rck") / "tiny4k", reference_tokenizer_dir,
                             max_position_embeddings=4096)
@@ -44,13 +51,15 @@ def ruler_checkpoint(tmp_path_factory, reference_tokenizer_dir):
 @pytest.fixture(scope="session")
 def gated_yarn_checkpoint(tmp_path_factory, reference_tokenizer_dir):
     """A tiny gated-attention (headwise) model trained-length 2048, YaRN x2 -> 4096: the plugin + YaRN path."""
-    from longctx.models.presets import init_checkpoint
-    from longctx.rope import yarn_checkpoint
+    from longctx.init.checkpoint import init_checkpoint
+    from longctx.init.settings import InitSettings
+    from longctx.yarn.scaling import yarn_checkpoint
+    from longctx.yarn.settings import YarnSettings
 
     root = tmp_path_factory.mktemp("gck")
-    init_checkpoint(root / "gated", "tiny", "headwise", tokenizer=str(reference_tokenizer_dir),
-                    max_position_embeddings=2048)
-    yarn_checkpoint(root / "gated", 2.0, root / "gated-yarn2x")
+    init_checkpoint(InitSettings(output=str(root / "gated"), preset="tiny", attention="headwise",
+                                 tokenizer=str(reference_tokenizer_dir), config={"max_position_embeddings": 2048}))
+    yarn_checkpoint(YarnSettings(checkpoint=str(root / "gated"), factor=2.0, output=str(root / "gated-yarn2x")))
     return root / "gated-yarn2x"
 
 
@@ -115,7 +124,7 @@ def test_hf_run_resumes_without_loss_or_duplicates(ruler_checkpoint, tmp_path):
 
 
 def test_cli_run_default_command_and_bad_inputs(ruler_checkpoint, tmp_path, reference_tokenizer_dir):
-    from longctx.models.presets import write_tiny_qwen3
+    from longctx.init.presets import write_tiny_qwen3
 
     out = tmp_path / "run"
     base = ["ruler", ruler_checkpoint, "--lengths", "1k", "--tasks", "vt", "--samples", "2", "--backend", "hf",

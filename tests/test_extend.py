@@ -1,4 +1,4 @@
-"""`longctx extend` (longctx/train/loop.py, loss.py): a tiny Qwen3 trained at 2x its length on CPU.
+"""`longctx extend` (longctx/extend/): a tiny Qwen3 trained at 2x its length on CPU.
 
 The model is the `tiny` preset with a 1k-vocabulary BPE (the full-vocabulary loss would dominate the
 run time), trained at 512 tokens after being "pretrained" at 256, on the built-in synthetic corpus.
@@ -17,11 +17,16 @@ import torch.nn.functional as F
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from longctx.cli import cli
-from longctx.errors import InputError
-from longctx.train import loop
-from longctx.train.loop import TrainSettings, check_parallelism, lr_multiplier, resolve_plan, train, work_dir
-from longctx.train.loss import IGNORE_INDEX, chunked_cross_entropy
+from longctx.cli.main import cli
+from longctx.core.errors import InputError
+from longctx.extend import loop
+from longctx.extend.loop import extend, work_dir
+from longctx.extend.loss import IGNORE_INDEX, chunked_cross_entropy
+from longctx.extend.model import make_training_module
+from longctx.extend.plan import check_parallelism, lr_multiplier, resolve_plan
+from longctx.extend.settings import ExtendSettings
+from longctx.init.checkpoint import init_checkpoint
+from longctx.init.settings import InitSettings
 
 SEQ_LEN = 512  # 2x the checkpoints' max_position_embeddings
 
@@ -29,13 +34,13 @@ SEQ_LEN = 512  # 2x the checkpoints' max_position_embeddings
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     """{"baseline": dir, "headwise": dir}: tiny preset, BPE vocabulary 1024, trained length 256."""
-    from longctx.models.presets import init_checkpoint
-
     root = tmp_path_factory.mktemp("extend-ckpt")
     base = root / "baseline"
-    init_checkpoint(base, "tiny", "baseline", tokenizer="bpe", bpe_vocab_size=1024, max_position_embeddings=256)
+    init_checkpoint(InitSettings(output=str(base), preset="tiny", attention="baseline", tokenizer="bpe", vocab_size=1024,
+                                 config={"max_position_embeddings": 256}))
     gated = root / "headwise"
-    init_checkpoint(gated, "tiny", "headwise", tokenizer=str(base), max_position_embeddings=256)
+    init_checkpoint(InitSettings(output=str(gated), preset="tiny", attention="headwise", tokenizer=str(base),
+                                 config={"max_position_embeddings": 256}))
     return {"baseline": base, "headwise": gated}
 
 
@@ -44,10 +49,10 @@ def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("extend-cache")
 
 
-def _settings(ckpt: Path, out: Path, cache: Path, **kw) -> TrainSettings:
+def _settings(ckpt: Path, out: Path, cache: Path, **kw) -> ExtendSettings:
     values = dict(checkpoint=str(ckpt), output=str(out), seq_len=SEQ_LEN, data=["synthetic:mixed"], rope_base=1e5,
                   steps=8, tokens_per_step=2 * SEQ_LEN, lr=3e-3, warmup_fraction=0.25, cache_dir=str(cache))
-    return TrainSettings(**{**values, **kw})
+    return ExtendSettings(**{**values, **kw})
 
 
 def _log(out: Path) -> list[dict]:
@@ -64,17 +69,18 @@ def _weights(out: Path) -> dict[str, torch.Tensor]:
 def test_extend_trains_and_writes_a_longer_checkpoint(checkpoints, cache, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from longctx.rope import apply_yarn, read_rope
+    from longctx.checkpoint.rope import read_rope
+    from longctx.yarn.scaling import apply_yarn
 
     out = tmp_path / "ext"
-    r = train(_settings(checkpoints["baseline"], out, cache), progress=False)
-    assert r["output"] == str(out) and r["steps"] == 8 and r["tokens"] == 8 * 2 * SEQ_LEN
+    r = extend(_settings(checkpoints["baseline"], out, cache), progress=False)
+    assert r.output == out and r.steps == 8 and r.tokens == 8 * 2 * SEQ_LEN
     log = _log(out)
     assert [e["step"] for e in log] == list(range(1, 9))
     assert set(log[0]) >= {"step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "seconds"}
     first, last = (log[0]["loss"] + log[1]["loss"]) / 2, (log[-2]["loss"] + log[-1]["loss"]) / 2
     assert last < first - 0.3, [e["loss"] for e in log]
-    assert math.isclose(r["final_loss"], log[-1]["loss"], rel_tol=1e-5)
+    assert math.isclose(r.final_loss, log[-1]["loss"], rel_tol=1e-5)
     # warmup 2 steps, then cosine towards lr x 0.1
     assert [round(e["lr"] / 3e-3, 6) for e in log[:3]] == [0.5, 1.0, 1.0]
     assert log[-1]["lr"] < log[3]["lr"]
@@ -105,10 +111,10 @@ class _Interrupted(Exception):
 def test_resume_after_interruption_equals_an_uninterrupted_run(checkpoints, cache, tmp_path, monkeypatch):
     s = dict(steps=5, save_every=2, micro_batch_size=1)
     straight = tmp_path / "straight"
-    train(_settings(checkpoints["baseline"], straight, cache, **s), progress=False)
+    extend(_settings(checkpoints["baseline"], straight, cache, **s), progress=False)
 
     resumed = tmp_path / "resumed"
-    real_save = loop._save_training_state
+    real_save = loop.save_training_state
 
     def save_then_crash(acc, module, optimizer, scheduler, work, step, plan):
         path = real_save(acc, module, optimizer, scheduler, work, step, plan)
@@ -116,21 +122,21 @@ def test_resume_after_interruption_equals_an_uninterrupted_run(checkpoints, cach
             raise _Interrupted
         return path
 
-    monkeypatch.setattr(loop, "_save_training_state", save_then_crash)
+    monkeypatch.setattr(loop, "save_training_state", save_then_crash)
     with pytest.raises(_Interrupted):
-        train(_settings(checkpoints["baseline"], resumed, cache, **s), progress=False)
+        extend(_settings(checkpoints["baseline"], resumed, cache, **s), progress=False)
     monkeypatch.undo()
     assert not resumed.exists() and sorted(p.name for p in work_dir(resumed).glob("step-*")) == ["step-000004"]
 
     # starting again without --resume is refused; a changed setting is named
     with pytest.raises(InputError, match="--resume to continue"):
-        train(_settings(checkpoints["baseline"], resumed, cache, **s), progress=False)
+        extend(_settings(checkpoints["baseline"], resumed, cache, **s), progress=False)
     with pytest.raises(InputError, match=r"lr 0\.003 -> 0\.002.*seq_len|seq_len.*lr 0\.003 -> 0\.002"):
-        train(_settings(checkpoints["baseline"], resumed, cache, **{**s, "lr": 2e-3, "seq_len": 256}, resume=True),
+        extend(_settings(checkpoints["baseline"], resumed, cache, **{**s, "lr": 2e-3, "seq_len": 256}, resume=True),
               progress=False)
 
     # the resumed run reloads weights, AdamW moments, schedule, RNG and data cursor: same result
-    train(_settings(checkpoints["baseline"], resumed, cache, **s, resume=True), progress=False)
+    extend(_settings(checkpoints["baseline"], resumed, cache, **s, resume=True), progress=False)
     a, b = _weights(straight), _weights(resumed)
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-6, msg=name)
@@ -141,8 +147,8 @@ def test_resume_after_interruption_equals_an_uninterrupted_run(checkpoints, cach
 
     # killed while writing the output: --resume finds the final state and only writes the output again
     shutil.rmtree(resumed)
-    r = train(_settings(checkpoints["baseline"], resumed, cache, **s, resume=True), progress=False)
-    assert r["final_loss"] == lb[-1]["loss"] and _log(resumed) == lb
+    r = extend(_settings(checkpoints["baseline"], resumed, cache, **s, resume=True), progress=False)
+    assert r.final_loss == lb[-1]["loss"] and _log(resumed) == lb
     assert torch.equal(_weights(resumed)["model.norm.weight"], b["model.norm.weight"])
 
 
@@ -152,7 +158,7 @@ def test_gated_model_trains(checkpoints, cache, tmp_path):
     from longctx.models.gated_qwen3 import GatedQwen3ForCausalLM
 
     out = tmp_path / "gated"
-    train(_settings(checkpoints["headwise"], out, cache, steps=6), progress=False)
+    extend(_settings(checkpoints["headwise"], out, cache, steps=6), progress=False)
     log = _log(out)
     assert log[-1]["loss"] < log[0]["loss"] - 0.3, [e["loss"] for e in log]
     cfg = json.loads((out / "config.json").read_text())
@@ -172,7 +178,7 @@ def test_attention_does_not_cross_documents_in_a_pack(checkpoints):
     from transformers import AutoModelForCausalLM
 
     lm = AutoModelForCausalLM.from_pretrained(checkpoints["baseline"], attn_implementation="sdpa").eval()
-    module = loop.make_training_module(lm)
+    module = make_training_module(lm)
     g = torch.Generator().manual_seed(0)
     doc_a, doc_a2 = torch.randint(3, 1000, (2, 40), generator=g)
     doc_b = torch.randint(3, 1000, (60,), generator=g)
@@ -216,21 +222,21 @@ def test_chunked_cross_entropy_equals_full_cross_entropy():
 
 
 def test_plan_rounds_tokens_per_step_to_whole_sequences_across_ranks():
-    s = TrainSettings(checkpoint="c", output="o", seq_len=32768, data=["d"], tokens=80 * 10**9)
+    s = ExtendSettings(checkpoint="c", output="o", seq_len=32768, data=["d"], tokens=80 * 10**9)
     p = resolve_plan(s, world_size=8)
     assert (p.accumulation, p.sequences_per_step, p.tokens_per_step) == (16, 128, 4 * 1024 * 1024)
     assert p.steps == math.ceil(80 * 10**9 / (4 * 1024 * 1024)) and p.warmup_steps == round(0.1 * p.steps)
     # a short run: the default tokens per step is capped so that it still has ~20 steps
-    short = resolve_plan(TrainSettings(checkpoint="c", output="o", seq_len=512, data=["d"], tokens=20 * 2048), 1)
+    short = resolve_plan(ExtendSettings(checkpoint="c", output="o", seq_len=512, data=["d"], tokens=20 * 2048), 1)
     assert (short.sequences_per_step, short.steps) == (4, 20)
     # context parallelism: 2 ranks share each sequence, so 4 ranks are 2 data-parallel ones
-    cp = resolve_plan(TrainSettings(checkpoint="c", output="o", seq_len=1024, data=["d"], steps=3, cp_size=2,
+    cp = resolve_plan(ExtendSettings(checkpoint="c", output="o", seq_len=1024, data=["d"], steps=3, cp_size=2,
                                     tokens_per_step=8192, micro_batch_size=2), 4)
     assert (cp.dp_size, cp.accumulation, cp.sequences_per_step) == (2, 2, 8)
 
 
 def test_lr_schedule_warms_up_then_decays_to_min_ratio():
-    p = resolve_plan(TrainSettings(checkpoint="c", output="o", seq_len=8, data=["d"], steps=100), 1)
+    p = resolve_plan(ExtendSettings(checkpoint="c", output="o", seq_len=8, data=["d"], steps=100), 1)
     lrs = [lr_multiplier(i, p, 0.1) for i in range(100)]
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0) and lrs[10] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:])) and lrs[-1] == pytest.approx(0.1, abs=1e-3)
@@ -296,7 +302,7 @@ def test_resume_with_other_settings_names_them_on_the_cli(checkpoints, cache, da
 
 
 def test_token_counts_on_the_command_line():
-    from longctx.params import parse_count
+    from longctx.core.units import parse_count
 
     assert parse_count("80B") == 80 * 10**9 and parse_count("4M") == 128 * 32768 and parse_count("1e9") == 10**9
     assert parse_count("1_000_000") == 10**6 and parse_count("2.5k") == 2560

@@ -16,7 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from longctx.train.loop import TrainSettings, train
+from longctx.extend.loop import extend
+from longctx.extend.settings import ExtendSettings
 
 pytestmark = pytest.mark.slow
 
@@ -27,9 +28,9 @@ ARGS = ["--rope-base", "1e5", "--seq-len", "512", "--data", "synthetic:mixed", "
 def test_two_gloo_ranks_with_fsdp2_match_one_process(tiny_checkpoint, tmp_path):
     cache = tmp_path / "cache"
     single = tmp_path / "single"
-    train(TrainSettings(checkpoint=str(tiny_checkpoint), output=str(single), seq_len=512, data=["synthetic:mixed"],
-                        rope_base=1e5, steps=3, tokens_per_step=2048, lr=1e-3, save_every=2, cache_dir=str(cache)),
-          progress=False)
+    extend(ExtendSettings(checkpoint=str(tiny_checkpoint), output=str(single), seq_len=512, data=["synthetic:mixed"],
+                          rope_base=1e5, steps=3, tokens_per_step=2048, lr=1e-3, save_every=2, cache_dir=str(cache)),
+           progress=False)
 
     dist = tmp_path / "dist"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -13,15 +13,15 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from longctx.errors import InputError
+from longctx.core.errors import InputError
 from longctx.models.gated_qwen3 import (
     GatedQwen3Attention,
     GatedQwen3Config,
     GatedQwen3ForCausalLM,
-    gate_flags,
     record_gate_scores,
 )
-from longctx.models.presets import TINY_QWEN3
+from longctx.models.variants import gate_flags
+from longctx.init.presets import TINY_QWEN3
 
 SMALL = {**TINY_QWEN3, "vocab_size": 512}
 GATED = ["elementwise", "headwise"]
@@ -191,7 +191,7 @@ IMPORTS = {
     "longctx first": "import longctx; import transformers",
     "transformers first": "import transformers; import longctx",
     # a longctx module that imports transformers (and then the gated module) must not hit a cycle
-    "presets first": "from longctx.models.presets import model_config; model_config('tiny', 'headwise', 64)",
+    "presets first": "from longctx.init.presets import model_config; model_config('tiny', 'headwise', 64)",
 }
 
 

@@ -1,4 +1,4 @@
-"""HF <-> vLLM parity for the gated-attention family (CPU, fp32): the heart of issue 3.
+"""HF <-> vLLM parity for the gated-attention family (CPU, fp32): the plugin's contract.
 
 One engine per attention variant (baseline on vLLM's native Qwen3 path, G1 elementwise and G1
 headwise through the `longctx` vLLM plugin). Each tiny checkpoint has GQA 2:1 and is YaRN-scaled x4
@@ -12,14 +12,14 @@ References: vLLM 0.32 `model_executor/models/qwen3.py` (the port), transformers 
 """
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from conftest import require_vllm
 from safetensors.torch import load_file, save_file
 
-from longctx.models.presets import init_checkpoint
+from longctx.init.checkpoint import init_checkpoint
+from longctx.init.settings import InitSettings
 
 TRAINED = 256
 YARN = {"max_position_embeddings": 4 * TRAINED,
@@ -36,8 +36,9 @@ NEW_TOKENS = 32
 def parity_checkpoints(tmp_path_factory, reference_tokenizer_dir):
     root = tmp_path_factory.mktemp("parity")
     untied = {"headwise": {"tie_word_embeddings": False}}
-    paths = {v: Path(init_checkpoint(root / v, "tiny", v, tokenizer=str(reference_tokenizer_dir), **YARN, **INIT,
-                                     **untied.get(v, {}))["output"])
+    paths = {v: init_checkpoint(InitSettings(output=str(root / v), preset="tiny", attention=v,
+                                             tokenizer=str(reference_tokenizer_dir),
+                                             config={**YARN, **INIT, **untied.get(v, {})})).output
              for v in ("baseline", "elementwise", "headwise")}
     # init starts an untied output matrix as a copy of the embedding; a different one makes an engine that
     # wrongly ties them fail the comparison

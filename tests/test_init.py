@@ -8,8 +8,8 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from longctx.cli import cli
-from longctx.models.presets import model_config, parameter_count
+from longctx.cli.main import cli
+from longctx.init.presets import model_config, parameter_count
 
 
 def run(*args):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from longctx.params import parse_factor, parse_lengths, parse_number
+from longctx.core.units import parse_factor, parse_lengths, parse_number
 
 
 @pytest.mark.parametrize("text,expected", [

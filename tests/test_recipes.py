@@ -7,8 +7,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from longctx.cli import cli
-from longctx.pipeline import MARKER, load_recipe, run_recipe
+from longctx.cli.main import cli
+from longctx.recipe.load import load_recipe
+from longctx.recipe.run import MARKER, run_recipe
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
@@ -25,10 +26,10 @@ def write(path, doc):
 def local_variant(recipe: Path, tmp_path: Path) -> Path:
     """`recipe` with every model path it needs but that is not here replaced: released folders by empty
     temp dirs, shipped checkpoints by `init`-made tiny models (as the brief's test recipe does)."""
-    from longctx.pipeline import _read_yaml
+    from longctx.recipe.load import read_yaml
 
     models = {}
-    for name, spec in _read_yaml(recipe)["models"].items():
+    for name, spec in read_yaml(recipe)["models"].items():
         if "convert" in spec and not Path(spec["convert"]["source"]).is_dir():
             (tmp_path / name).mkdir()
             models[name] = {"convert": {"source": str(tmp_path / name)}}
@@ -95,6 +96,7 @@ def test_a_base_recipes_paths_count_from_the_base_file(tmp_path):
     (tmp_path / "base" / "ckpt" / "config.json").write_text("{}")
     (tmp_path / "base" / "docs.txt").write_text("a document\n")
     (tmp_path / "variant" / "mine").mkdir(parents=True)
+    (tmp_path / "variant" / "mine" / "notes.txt").write_text("held-out text\n")  # sinks data is checked at load
     base = write(tmp_path / "base" / "r.yaml", {
         "models": {"baseline": {"checkpoint": "ckpt"}},
         "extend": {"seq_len": "2k", "data": "docs.txt,synthetic:niah", "steps": 2},
@@ -102,9 +104,9 @@ def test_a_base_recipes_paths_count_from_the_base_file(tmp_path):
     variant = write(tmp_path / "variant" / "v.yaml", {"base": "../base/r.yaml", "sinks": {"data": "mine"}})
     r = load_recipe(variant)
     assert r.models[0].checkpoint == tmp_path / "base" / "ckpt"
-    assert r.stages["extend"]["data"] == [str(tmp_path / "base" / "docs.txt"), "synthetic:niah"]
-    assert r.stages["ruler"]["data_dir"] == str(tmp_path / "base" / "ruler-data")
-    assert r.stages["sinks"]["data"] == str(tmp_path / "variant" / "mine")
+    assert r.stages["extend"].data == [str(tmp_path / "base" / "docs.txt"), "synthetic:niah"]
+    assert r.stages["ruler"].data_dir == str(tmp_path / "base" / "ruler-data")
+    assert r.stages["sinks"].data == str(tmp_path / "variant" / "mine")
 
 
 def test_an_init_tokenizer_directory_counts_from_the_recipe_file(tmp_path):
@@ -117,10 +119,10 @@ def test_an_init_tokenizer_directory_counts_from_the_recipe_file(tmp_path):
         "gated": {"init": {"preset": "tiny", "attention": "elementwise", "tokenizer": "bpe"}}},
         "yarn": {"factor": 2}})
     r = load_recipe(base)
-    assert [m.settings["tokenizer"] for m in r.models] == [str(tmp_path / "base" / "tok"), "bpe"]
+    assert [m.settings.tokenizer for m in r.models] == [str(tmp_path / "base" / "tok"), "bpe"]
     (tmp_path / "variant").mkdir()
     variant = write(tmp_path / "variant" / "v.yaml", {"base": "../base/r.yaml"})
-    assert load_recipe(variant).models[0].settings["tokenizer"] == str(tmp_path / "base" / "tok")
+    assert load_recipe(variant).models[0].settings.tokenizer == str(tmp_path / "base" / "tok")
 
 
 TINY = {"baseline": {"init": {"preset": "tiny", "attention": "baseline"}}}
@@ -174,13 +176,13 @@ def test_from_a_stage_whose_input_is_missing(tmp_path):
 
 
 def statuses(result):
-    return {(s["model"], s["stage"]): s["status"] for s in result["steps"]}
+    return {(s.model, s.stage): s.status for s in result.steps}
 
 
 @pytest.mark.slow
 def test_run_skips_what_is_done_and_reruns_what_changed(tmp_path):
     """A tiny end-to-end recipe: init -> extend -> yarn -> ruler (hf) -> sinks -> compare, run three times."""
-    pytest.importorskip("longctx.train.loop")
+    pytest.importorskip("longctx.extend.loop")
     doc = {"models": {"baseline": {"init": {"preset": "tiny", "attention": "baseline"}},
                       "gated": {"init": {"preset": "tiny", "attention": "elementwise", "match_params": True,
                                          "tie_embeddings": False}}},
@@ -201,7 +203,7 @@ def test_run_skips_what_is_done_and_reruns_what_changed(tmp_path):
     logs = []
     first = run_recipe(recipe, out, log=logs.append)
     assert set(statuses(first).values()) == {"run"}
-    assert "| baseline-yarn |" in first["comparison"] and "Training loss:" in first["comparison"]
+    assert "| baseline-yarn |" in first.comparison and "Training loss:" in first.comparison
     assert (out / "compare" / "compare.md").is_file() and (out / "compare" / "loss.md").is_file()
     ckpt = out / "gated" / "yarn" / "gated-yarn"
     assert json.loads((ckpt / "config.json").read_text())["rope_parameters"]["original_max_position_embeddings"] == 2048
@@ -222,7 +224,7 @@ def test_run_skips_what_is_done_and_reruns_what_changed(tmp_path):
     again = run_recipe(recipe, out, log=logs.append)
     assert set(statuses(again).values()) == {"skip"}
     assert "skip extend for gated: up to date" in logs
-    assert again["comparison"] == first["comparison"]
+    assert again.comparison == first.comparison
 
     # a changed setting reruns that stage and the later ones only
     if "sinks" in doc:
@@ -247,7 +249,7 @@ def test_run_skips_what_is_done_and_reruns_what_changed(tmp_path):
 def test_interrupted_stage_resumes(tmp_path, monkeypatch):
     """A stage that started with the same settings but did not finish is resumed, not redone from scratch;
     the stages before it are skipped. (Stand-in stage bodies: this tests only the bookkeeping.)"""
-    import longctx.pipeline as pipeline
+    import longctx.recipe.run as pipeline
 
     recipe = write(tmp_path / "r.yaml", SMALL)
     out = tmp_path / "out"
@@ -276,7 +278,7 @@ def test_interrupted_stage_resumes(tmp_path, monkeypatch):
 
 def test_changed_setting_reruns_that_stage_and_the_later_ones(tmp_path, monkeypatch):
     """Bookkeeping only (stand-in stage bodies): a new yarn factor reruns yarn and ruler, not init."""
-    import longctx.pipeline as pipeline
+    import longctx.recipe.run as pipeline
 
     def stand_in(recipe, step, log):
         for p in step.outputs:

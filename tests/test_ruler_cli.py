@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 from ruler_helpers import FIXTURE_DATA
 
-from longctx.cli import cli
+from longctx.cli.main import cli
 
 
 def run(*args):

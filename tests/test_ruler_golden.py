@@ -3,7 +3,7 @@
 Golden sha256 sums are those of the files NVIDIA/RULER @ c3f5e3b
 (scripts/data/synthetic/{niah,variable_tracking,common_words_extraction,freq_words_extraction,qa}.py)
 wrote for seed 42, 10 samples, `base` template, max_seq_length 4096 and 8192
-(tests/data/ruler/commands.json, copied from shared/golden/ruler/).
+(tests/data/ruler/commands.json; tests/data/ruler/README.md says how they were made).
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ def test_golden_file_byte_identical(golden_run, entry):
     data = path.read_bytes()
     got = hashlib.sha256(data).hexdigest()
     assert got == entry["sha256"], (
-        f"{path} differs from upstream {entry['file']} (compare with shared/golden/ruler/{entry['file']})")
-    # and the format facts the digest implies (DESIGN.md §4)
+        f"{path} differs from upstream {entry['file']} (regenerate it with the argv in commands.json)")
+    # and the format facts the digest implies (upstream's key order; every sample within the length)
     first = json.loads(data.splitlines()[0])
     keys = ["index", "input", "outputs", "length", "length_w_model_temp", "answer_prefix"]
     if entry["task"].startswith("niah"):
@@ -68,7 +68,7 @@ def test_manifest_records_inputs(golden_run, reference_tokenizer_dir):
     assert set(m["data"]) == {"essay", "squad", "hotpotqa"}
     assert all(d["known"] for d in m["data"].values())
     assert len(m["files"]) == 26
-    # search sizes match upstream's logged binary-search results (shared/golden/ruler/README.md)
+    # search sizes match the sizes upstream's binary search logged for these files
     assert m["files"]["4096/niah_single_2.jsonl"]["size"] == 2442
     assert m["files"]["8192/fwe.jsonl"]["size"] == 3643
     assert m["files"]["8192/qa_2.jsonl"]["size"] == 104

@@ -1,4 +1,4 @@
-"""`longctx sinks`: first-token attention, M-Act and gate statistics (definitions: shared/reference/gated.md §5).
+"""`longctx sinks`: first-token attention, M-Act and gate statistics (definitions: Qiu et al. 2025, §4.2-4.3).
 
 The chunked log-sum-exp path is checked against hand-computed values (zero queries give uniform causal
 attention, p(token 0 | query i) = 1/(i+1)) and against transformers' eager attention probabilities
@@ -13,7 +13,18 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from longctx.sinks import analyze_sinks, first_token_probs, load_sinks, plot_sinks, token_windows
+from longctx.report.sinks import plot_sinks, write_sinks_report
+from longctx.sinks.attention import first_token_probs
+from longctx.sinks.measure import measure_sinks, token_windows
+from longctx.sinks.schema import load_sinks
+from longctx.sinks.settings import SinksSettings
+
+
+def analyze_sinks(checkpoint, out_dir, progress=False, **settings):
+    """`longctx sinks` as the CLI runs it: sinks.json, then the report files (sinks.md, sinks.png)."""
+    outcome = measure_sinks(SinksSettings(checkpoint=str(checkpoint), output=str(out_dir), **settings), progress)
+    write_sinks_report(out_dir)
+    return outcome
 
 L = 96  # window length of the model tests: short enough for 2 CPU cores, long enough to chunk
 
@@ -33,10 +44,12 @@ def _checkpoint(root, tokenizer_dir, attention, edit=None, **overrides):
     """A tiny `longctx init` checkpoint (trained length 256); `edit(model)` changes weights in place."""
     from transformers import AutoModelForCausalLM
 
-    from longctx.models.presets import init_checkpoint
+    from longctx.init.checkpoint import init_checkpoint
+    from longctx.init.settings import InitSettings
 
     out = root / f"{attention}-{len(list(root.iterdir()))}"
-    init_checkpoint(out, "tiny", attention, tokenizer=str(tokenizer_dir), max_position_embeddings=256)
+    init_checkpoint(InitSettings(output=str(out), preset="tiny", attention=attention, tokenizer=str(tokenizer_dir),
+                                 config={"max_position_embeddings": 256}))
     if edit is not None:
         model = AutoModelForCausalLM.from_pretrained(out)
         with torch.no_grad():
@@ -76,7 +89,7 @@ def test_uniform_attention_matches_hand_computed_value(attention, tmp_path, refe
     r = analyze_sinks(ckpt, tmp_path / "out", data=str(text_file), tokens=2 * L, length=L, chunk=17, progress=False)
     expected = sum(1 / (i + 1) for i in range(1, L)) / (L - 1)
     doc = load_sinks(tmp_path / "out")
-    assert doc == json.loads(json.dumps(r["results"]))
+    assert doc == json.loads(json.dumps(r.results))
     assert doc["first_token_attention"] == pytest.approx([expected] * 2, rel=1e-6)
     assert sum(doc["first_token_attention_per_head"], []) == pytest.approx([expected] * 8, rel=1e-6)
     assert doc["averages"]["first_token_attention"] == pytest.approx(expected, rel=1e-6)
@@ -100,17 +113,18 @@ def test_chunked_path_equals_eager_attention(variant, tmp_path, reference_tokeni
 
     length = L
     if variant == "yarn":
-        from longctx.rope import yarn_checkpoint
+        from longctx.yarn.scaling import yarn_checkpoint
+        from longctx.yarn.settings import YarnSettings
 
         base = _checkpoint(tmp_path, reference_tokenizer_dir, "baseline")
         ckpt = tmp_path / "yarn4x"
-        yarn_checkpoint(base, 4.0, ckpt)
+        yarn_checkpoint(YarnSettings(checkpoint=str(base), factor=4.0, output=str(ckpt)))
         length = 320  # past the original 256 positions, where YaRN's interpolation acts
     else:
         ckpt = _checkpoint(tmp_path, reference_tokenizer_dir, variant,
                            _sharpen_gates if variant != "baseline" else None)
     r = analyze_sinks(ckpt, tmp_path / "out", data=str(text_file), tokens=3 * length, length=length,
-                      batch_size=2, chunk=40, progress=False)["results"]
+                      batch_size=2, chunk=40, progress=False).results
 
     windows, _ = token_windows(AutoTokenizer.from_pretrained(ckpt), str(text_file), 3, length)
     model = AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation="eager").eval()
@@ -162,19 +176,20 @@ def _fake_sinks(fingerprint, name, fta, m_act, gate_mean):
 def test_compare_shows_sink_columns(tmp_path):
     from test_report import _run, _scores_doc
 
-    from longctx.report import compare
+    from longctx.report.compare import compare
+    from longctx.report.settings import CompareSettings
 
     base, _ = _run(tmp_path, "base", _scores_doc("base", "fp-base", {"vt": {4096: 90.0, 8192: 80.0}}))
     gate, _ = _run(tmp_path, "gate", _scores_doc("gate", "fp-gate", {"vt": {4096: 95.0, 8192: 90.0}}))
     plain, _ = _run(tmp_path, "plain", _scores_doc("plain", "fp-plain", {"vt": {4096: 70.0, 8192: 60.0}}))
-    before = compare([base, gate, plain])
+    before = compare(CompareSettings(runs=[base, gate, plain]))
     assert "M-Act" not in before.markdown and before.sinks == {}
 
     (base / "sinks.json").write_text(json.dumps(_fake_sinks("fp-base", "base", 0.4671, 1053.2, None)))
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "elsewhere" / "sinks.json").write_text(json.dumps(_fake_sinks("fp-gate", "gate", 0.048, 94.4, 0.116)))
     (plain / "sinks.json").write_text(json.dumps(_fake_sinks("fp-other", "x", 0.3, 10.0, None)))
-    c = compare([base, gate, plain], sinks=[tmp_path / "elsewhere"], out_dir=tmp_path / "cmp")
+    c = compare(CompareSettings(runs=[base, gate, plain], sinks=[tmp_path / "elsewhere"], output=tmp_path / "cmp"))
     assert c.columns[-3:] == ["First-token attn", "M-Act", "Gate mean"]
     assert "| base | 90.00 | 80.00 | 85.00 | 0.467 | 1053 | no gate |" in c.markdown
     assert "| gate | 95.00 | 90.00 | 92.50 | 0.048 | 94 | 0.116 |" in c.markdown
@@ -195,7 +210,7 @@ def test_plot_takes_several_sinks_files(tmp_path):
 
 
 def run(*args):
-    from longctx.cli import cli
+    from longctx.cli.main import cli
 
     return CliRunner().invoke(cli, [str(a) for a in args])
 
@@ -233,18 +248,20 @@ def test_cli_bad_input_is_one_line_exit_2_nothing_written(args, message, tmp_pat
 @pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_32k_on_one_gpu_within_the_memory_bound(tmp_path, reference_tokenizer_dir):
-    from longctx.models.presets import init_checkpoint
+    from longctx.init.checkpoint import init_checkpoint
+    from longctx.init.settings import InitSettings
 
     # the paper's 1.7B attention shape (16 query / 8 KV heads, head_dim 128, hidden 2048), 2 layers, bf16
     ckpt = tmp_path / "gate"
-    init_checkpoint(ckpt, "tiny", "elementwise", tokenizer=str(reference_tokenizer_dir), dtype="bfloat16",
-                    hidden_size=2048, intermediate_size=6144, num_attention_heads=16, num_key_value_heads=8,
-                    head_dim=128, max_position_embeddings=32768)
+    init_checkpoint(InitSettings(output=str(ckpt), preset="tiny", attention="elementwise",
+                                 tokenizer=str(reference_tokenizer_dir), dtype="bfloat16",
+                                 config={"hidden_size": 2048, "intermediate_size": 6144, "num_attention_heads": 16,
+                                         "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 32768}))
     torch.cuda.reset_peak_memory_stats()
-    r = analyze_sinks(ckpt, tmp_path / "out", tokens=32768, length=32768, progress=False)["results"]
+    r = analyze_sinks(ckpt, tmp_path / "out", tokens=32768, length=32768, progress=False).results
     # an L x L matrix of one layer would be 16 x 32k x 32k x 4 bytes = 64 GiB
     assert torch.cuda.max_memory_allocated() < 8 * 2**30
     assert r["settings"]["device"] == "cuda" and r["settings"]["dtype"] == "bfloat16"
     assert all(0 < x < 1 for x in r["first_token_attention"]) and r["gate"]["variant"] == "elementwise"
-    other = analyze_sinks(ckpt, tmp_path / "out2", tokens=32768, length=32768, chunk=512, progress=False)["results"]
+    other = analyze_sinks(ckpt, tmp_path / "out2", tokens=32768, length=32768, chunk=512, progress=False).results
     assert other["first_token_attention"] == pytest.approx(r["first_token_attention"], rel=1e-4)

@@ -14,8 +14,9 @@ from collections import Counter
 
 import pytest
 
-from longctx.errors import InputError
-from longctx.train.synthetic import KINDS, MIN_LENGTH, approx_tokens, documents
+from longctx.core.errors import InputError
+from longctx.data.synthetic import KINDS, MIN_LENGTH, documents
+from longctx.data.synthetic_kinds import approx_tokens
 
 
 def take(kind, n, seed=0, length_tokens=None):
@@ -297,7 +298,7 @@ def check_copy_far(doc: str) -> int:
 
 
 def test_copy_far_puts_repeats_anywhere_in_a_haystack():
-    from longctx.train.synthetic import _copy_far
+    from longctx.data.synthetic_kinds import _copy_far
 
     rng = random.Random(3)
     spans = [check_copy_far(_copy_far(rng, 1024)) for _ in range(60)]
@@ -324,7 +325,7 @@ def test_bpe_digit_groups_read_a_number_the_same_wherever_it_stands(tmp_path):
     is the same tokens in its needle and in its answer; without it BPE chunks digits as it learnt to."""
     from transformers import AutoTokenizer
 
-    from longctx.models.presets import train_bpe_tokenizer
+    from longctx.init.bpe import train_bpe_tokenizer
 
     rng = random.Random(0)
     corpus = take("recall", 40, seed=1, length_tokens=512) + [str(rng.randint(10**6, 10**7)) for _ in range(3000)]

@@ -23,7 +23,7 @@ def test_shipped_checkpoints_match_their_checksums():
 
 
 def test_shipped_checkpoints_are_the_pretrain_recipes_bf16_models():
-    from longctx.models.presets import parameter_count
+    from longctx.init.presets import parameter_count
 
     from transformers import AutoConfig
 

@@ -1,8 +1,9 @@
-"""Training data for `longctx extend`: sources, the tokenization cache and packing (longctx/train/data.py).
+"""Training data for `longctx extend`: sources (longctx/data/sources.py), the tokenization cache
+(longctx/extend/tokens.py) and packing (longctx/extend/packing.py).
 
 Packing follows transformers' document masking: `position_ids` restart at 0 at every document and
 `masking_utils.find_packed_sequence_indices` turns each run of consecutive positions into its own
-block of the attention mask (extension.md §3), so the invariants below are stated on position_ids.
+block of the attention mask, so the invariants below are stated on position_ids.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from longctx.errors import InputError
-from longctx.train import data
-from longctx.train.data import IGNORE_INDEX, build_packed_dataset, check_data_specs, iter_documents
+from longctx.core.errors import InputError
+from longctx.data.sources import check_data_specs, iter_documents
+from longctx.extend import packing, tokens
+from longctx.extend.loss import IGNORE_INDEX
+from longctx.extend.packing import build_packed_dataset
 
 WORDS = ("river stone lamp garden window silver copper violet morning winter harbor meadow candle "
          "forest orange pepper marble tiger falcon velvet anchor").split()
@@ -138,9 +141,9 @@ def test_budget_reads_only_what_is_needed_from_an_endless_source(tokenizer, tmp_
     assert num_tokens <= ds.stats["tokens"] < num_tokens + 2 * seq_len
     assert len(ds) * seq_len >= num_tokens and ds.stats["epochs"] <= 1
     assert ds.stats["sources_exhausted"] == [False]
-    from longctx.train.synthetic import documents
+    from longctx.data.synthetic import documents
 
-    stream = documents("niah", 0, length_tokens=data._synthetic_document_tokens(seq_len, short=False))
+    stream = documents("niah", 0, length_tokens=packing._synthetic_document_tokens(seq_len, short=False))
     first = [next(stream) for _ in range(ds.stats["documents"])]
     pieces: Counter = Counter()
     for i in range(len(ds)):
@@ -170,8 +173,8 @@ def test_short_long_mix_fraction(tokenizer, tmp_path):
 
 def test_cache_is_reused_and_prefix_of_larger_budget(tokenizer, corpus, tmp_path, monkeypatch):
     calls = []
-    encode = data._encode
-    monkeypatch.setattr(data, "_encode", lambda tok, texts: calls.append(len(texts)) or encode(tok, texts))
+    encode = tokens._encode
+    monkeypatch.setattr(tokens, "_encode", lambda tok, texts: calls.append(len(texts)) or encode(tok, texts))
     spec = [str(corpus["long"])]
     log: list[str] = []
     first = build_packed_dataset(spec, tokenizer, 64, num_tokens=900, cache_dir=tmp_path, log=log.append)
@@ -192,7 +195,7 @@ def test_cache_is_reused_and_prefix_of_larger_budget(tokenizer, corpus, tmp_path
 
 
 def test_interrupted_build_leaves_no_usable_cache(tokenizer, corpus, tmp_path, monkeypatch):
-    encode = data._encode
+    encode = tokens._encode
     calls = []
 
     def failing(tok, texts):
@@ -201,8 +204,8 @@ def test_interrupted_build_leaves_no_usable_cache(tokenizer, corpus, tmp_path, m
             raise KeyboardInterrupt
         return encode(tok, texts)
 
-    monkeypatch.setattr(data, "_BATCH_DOCS", 2)
-    monkeypatch.setattr(data, "_encode", failing)
+    monkeypatch.setattr(tokens, "_BATCH_DOCS", 2)
+    monkeypatch.setattr(tokens, "_encode", failing)
     spec = [str(corpus["short"])]
     with pytest.raises(KeyboardInterrupt):
         build_packed_dataset(spec, tokenizer, 64, num_tokens=10**5, cache_dir=tmp_path, log=lambda m: None)
@@ -211,7 +214,7 @@ def test_interrupted_build_leaves_no_usable_cache(tokenizer, corpus, tmp_path, m
     stale = tmp_path / ".tmp-tokens-stale"
     stale.mkdir()
     (stale / "tokens.bin").write_bytes(b"\0" * 8)
-    monkeypatch.setattr(data, "_encode", encode)
+    monkeypatch.setattr(tokens, "_encode", encode)
     log: list[str] = []
     ds = build_packed_dataset(spec, tokenizer, 64, num_tokens=10**5, cache_dir=tmp_path, log=log.append)
     fresh = build_packed_dataset(spec, tokenizer, 64, num_tokens=10**5, cache_dir=tmp_path / "fresh",
@@ -252,7 +255,7 @@ def test_spec_forms(tmp_path):
     for name in ("b.txt", "a.jsonl", "notes.bin"):
         (folder / name).write_text(json.dumps({"text": name}) if name.endswith("jsonl") else name)
     assert docs(str(folder)) == ["a.jsonl", "b.txt"]
-    from longctx.train.synthetic import MIN_LENGTH, documents
+    from longctx.data.synthetic import MIN_LENGTH, documents
 
     stream = documents("vt", 3, length_tokens=MIN_LENGTH)
     assert list(zip(range(2), iter_documents("synthetic:vt", 3, length_tokens=MIN_LENGTH))) == \

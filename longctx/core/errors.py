@@ -1,0 +1,42 @@
+"""The exception types for bad user input.
+
+Library code raises `InputError` with a message that says what was wrong and what to do; the CLI
+prints it as one line and exits with code 2. Anything else is a bug and keeps its traceback.
+
+`SettingError` is an `InputError` about a setting of a verb. Its text refers to settings with
+`ref(name)`, and whoever shows it names them as the user wrote them: `--seq-len` on the command
+line, `recipes/x.yaml: extend.seq_len` in a recipe. `str()` gives the command-line form.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+_REF = re.compile("\x1e([A-Za-z_][A-Za-z0-9_]*)\x1f")
+
+
+class InputError(ValueError):
+    """Bad user input (a path, a config, an argument): one line for the user, exit code 2."""
+
+
+def ref(name: str) -> str:
+    """A reference to the setting `name` inside a `SettingError` text."""
+    return f"\x1e{name}\x1f"
+
+
+class SettingError(InputError):
+    """Bad value of a setting. `owner` is the settings type the names in `text` belong to; `cli_text`,
+    when given, is the wording for the command line (else `text` serves both)."""
+
+    def __init__(self, text: str, owner: type | None = None, cli_text: str | None = None):
+        super().__init__(text)
+        self.text, self.owner, self.cli_text = text, owner, cli_text
+
+    def render(self, name: Callable[[str], str], cli: bool = False) -> str:
+        text = self.cli_text if cli and self.cli_text is not None else self.text
+        return _REF.sub(lambda m: name(m.group(1)), text)
+
+    def __str__(self) -> str:
+        flag = getattr(self.owner, "flag", None)
+        return self.render(flag if flag is not None else (lambda n: n), cli=True)

@@ -1,0 +1,343 @@
+"""Kinds of setting values: how each is parsed (from a command-line string, a YAML value or a Python
+value, all the same way), how it is written back onto a command line, and which values are local paths.
+
+`parse` raises `KindError` whose text is a predicate that follows the setting's name
+(`must be a number > 0, got 'fast'`), so one message serves the command line (`--lr must ...`) and a
+recipe (`extend.lr must ...`). Parsing is idempotent: a parsed value parses to itself.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from longctx.core import units
+
+
+class KindError(ValueError):
+    """`predicate` follows the setting's name; `cli_predicate` is the command-line wording, when it differs."""
+
+    def __init__(self, predicate: str, cli_predicate: str | None = None):
+        super().__init__(predicate)
+        self.predicate, self.cli_predicate = predicate, cli_predicate
+
+
+def did_you_mean(value: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def _invalid(e: ValueError) -> KindError:
+    return KindError(f"is invalid: {e}")
+
+
+class Kind:
+    """A value kind. `metavar` names it in --help; `repeatable` options are given once per item."""
+
+    metavar = "TEXT"
+    repeatable = False
+    words = "a value"
+
+    def parse(self, value: Any) -> Any:
+        raise NotImplementedError
+
+    def wrong(self, value: Any) -> KindError:
+        return KindError(f"must be {self.words}, got {value!r}")
+
+    def to_cli(self, value: Any) -> list[str]:
+        """The command-line strings that parse back to `value` (one per occurrence when repeatable)."""
+        return [str(value)]
+
+    def show(self, value: Any) -> str:
+        return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+
+    def resolve(self, value: Any, base: Path) -> Any:
+        """`value` with its relative local paths made absolute against `base` (recipes)."""
+        return value
+
+
+class Text(Kind):
+    """A non-empty string (a path given as `os.PathLike` becomes its string)."""
+
+    words = "a string"
+
+    def parse(self, value):
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if not isinstance(value, str) or not value.strip():
+            raise self.wrong(value)
+        return value
+
+
+class Choice(Kind):
+    """One of `choices`; `noun` names it on the command line ("unknown backend 'tgi'; choose one of ...")."""
+
+    def __init__(self, choices: Sequence[str], noun: str):
+        self.choices, self.noun = tuple(choices), noun
+        self.metavar = "[" + "|".join(self.choices) + "]"
+
+    def parse(self, value):
+        if value not in self.choices:
+            hint = did_you_mean(str(value), self.choices)
+            raise KindError(f"must be one of {', '.join(self.choices)}, got {value!r}{hint}",
+                            f"unknown {self.noun} '{value}'; choose one of {', '.join(self.choices)}{hint}")
+        return value
+
+
+class Bool(Kind):
+    words = "true or false"
+
+    def parse(self, value):
+        if not isinstance(value, bool):
+            raise self.wrong(value)
+        return value
+
+
+class Int(Kind):
+    metavar = "INTEGER"
+
+    def __init__(self, minimum: int | None = None):
+        self.minimum = minimum
+
+    def parse(self, value):
+        if isinstance(value, str):
+            try:
+                value = int(value.replace("_", ""))
+            except ValueError:
+                raise KindError(f"is invalid: {value!r} is not a valid integer") from None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise KindError(f"must be an integer, got {value!r}")
+        if self.minimum is not None and value < self.minimum:
+            raise KindError(f"is invalid: {value} is not in the range x>={self.minimum}")
+        return value
+
+
+class Float(Kind):
+    """A finite float in a range; `words` says the range ("a number > 0", "a number from 0 to 1")."""
+
+    metavar = "FLOAT"
+
+    def __init__(self, low: float | None = None, high: float | None = None, *, low_open: bool = False,
+                 high_open: bool = False, words: str = "a number"):
+        self.low, self.high, self.low_open, self.high_open, self.words = low, high, low_open, high_open, words
+
+    def parse(self, value):
+        if isinstance(value, str):  # the command line, or YAML 1.1 reading 2e-5 (no dot) as a string
+            try:
+                value = float(value.replace("_", ""))
+            except ValueError:
+                raise self.wrong(value) from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise self.wrong(value)
+        low_ok = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        high_ok = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        if not (low_ok and high_ok):
+            raise self.wrong(value)
+        return value
+
+
+class Number(Kind):
+    """A finite number > 0 such as a RoPE base: 1e6, 1_000_000 (an int when whole)."""
+
+    metavar = "NUMBER"
+
+    def parse(self, value):
+        if isinstance(value, bool):
+            raise KindError(f"must be a number > 0 (e.g. 1e6 or 1_000_000), got {value!r}")
+        try:
+            return units.parse_number(value)
+        except ValueError as e:
+            raise _invalid(e) from None
+
+
+class Count(Kind):
+    """A whole count > 0: 80B, 4M (x1024), 1e9."""
+
+    metavar = "COUNT"
+
+    def parse(self, value):
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise KindError(f"must be a count (e.g. 80B, 4M or 1e9), got {value!r}")
+        try:
+            return units.parse_count(value)
+        except ValueError as e:
+            raise _invalid(e) from None
+
+
+class Factor(Kind):
+    metavar = "FACTOR"
+
+    def parse(self, value):
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise self.wrong(value)
+        try:
+            number = float(value)
+        except ValueError:
+            raise KindError(f"is invalid: '{value}' is not a number (use e.g. 4 to go from 32k to 128k)") from None
+        if not math.isfinite(number) or number <= 1:
+            raise KindError(f"must be a number > 1, got '{value}' (e.g. 4 to go from 32k to 128k)")
+        return number
+
+    words = "a number > 1 (e.g. 4)"
+
+
+def _length_text(value: Any) -> str | None:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    if not items or not all(isinstance(v, (int, str)) and not isinstance(v, bool) for v in items):
+        return None
+    return ",".join(str(v) for v in items)
+
+
+class Lengths(Kind):
+    """Context lengths, sorted: '4k,8k' or [4096, '8k'] (k/K = x1024)."""
+
+    metavar = "LENGTHS"
+    words = "lengths (e.g. 4k,8k or [4096, 8192])"
+
+    def parse(self, value):
+        text = _length_text(value)
+        if text is None:
+            raise self.wrong(value)
+        try:
+            return units.parse_lengths(text)
+        except ValueError as e:
+            raise _invalid(e) from None
+
+    def to_cli(self, value):
+        return [",".join(map(str, value))]
+
+
+class Length(Lengths):
+    """One context length: 32k or 32768."""
+
+    metavar = "LENGTH"
+    words = "a length (e.g. 32k or 32768)"
+
+    def parse(self, value):
+        lengths = super().parse(value)
+        if len(lengths) != 1:
+            raise KindError("takes one length (e.g. 32k)")
+        return lengths[0]
+
+    def to_cli(self, value):
+        return [str(value)]
+
+
+class Names(Kind):
+    """A list of names: 'a,b' or [a, b]."""
+
+    metavar = "NAMES"
+    words = "a name or a list of names"
+
+    def parse(self, value):
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)) or not items or not all(isinstance(v, str) and v.strip()
+                                                                         for v in items):
+            raise self.wrong(value)
+        return [v.strip() for v in items]
+
+    def to_cli(self, value):
+        return [",".join(value)]
+
+
+def _local(value: str, base: Path) -> str:
+    return os.path.normpath(base / os.path.expanduser(value))
+
+
+class LocalPath(Text):
+    metavar = "PATH"
+    words = "a path"
+
+    def resolve(self, value, base):
+        return _local(value, base) if isinstance(value, str) and value.strip() else value
+
+
+_SCHEME = re.compile(r"^[A-Za-z]{2,}:")  # hf:<id>, synthetic:<kind>: specs that are not local paths
+
+
+class Source(Text):
+    """A local file or a `scheme:...` spec (`hf:<dataset id>`)."""
+
+    metavar = "SOURCE"
+    words = "a path or spec string"
+
+    def resolve(self, value, base):
+        return _local(value, base) if isinstance(value, str) and value.strip() and ":" not in value else value
+
+
+class Specs(Kind):
+    """Data specs (a file, a directory, hf:<id>[:split], synthetic:<kind>): a list, or a comma-separated
+    string in a recipe; one per occurrence on the command line."""
+
+    metavar = "SPEC"
+    repeatable = True
+    words = "a data spec or a list of them (file, directory, hf:<id>, synthetic:<kind>)"
+
+    def parse(self, value):
+        items = value.split(",") if isinstance(value, str) else value
+        if isinstance(items, (list, tuple)):
+            items = [os.fspath(v) if isinstance(v, os.PathLike) else v for v in items]
+        if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) and v.strip() for v in items):
+            raise self.wrong(value)
+        return [v.strip() for v in items]
+
+    def to_cli(self, value):
+        return list(value)
+
+    def resolve(self, value, base):
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list):
+            return value
+        return [_local(v.strip(), base) if isinstance(v, str) and v.strip() and not _SCHEME.match(v.strip()) else v
+                for v in items]
+
+
+class LocalPaths(Specs):
+    """Local paths: a list (one per occurrence on the command line)."""
+
+    metavar = "PATH"
+    words = "a path or a list of paths"
+
+    def parse(self, value):
+        return super().parse([value] if isinstance(value, (str, os.PathLike)) else value)
+
+    def resolve(self, value, base):
+        items = value if isinstance(value, list) else [value]
+        return [_local(v, base) if isinstance(v, str) and v.strip() else v for v in items]
+
+
+class Overrides(Kind):
+    """Config keys to set: a mapping in a recipe, KEY=VALUE (VALUE as JSON, else a string) per occurrence
+    on the command line."""
+
+    metavar = "KEY=VALUE"
+    repeatable = True
+    words = "a mapping of config keys to values"
+
+    def parse(self, value):
+        if isinstance(value, (list, tuple)):
+            out = {}
+            for item in value:
+                key, sep, text = str(item).partition("=")
+                if not sep or not key.strip():
+                    raise KindError(f"is invalid: '{item}' is not KEY=VALUE (e.g. max_position_embeddings=256)")
+                try:
+                    out[key.strip()] = json.loads(text)
+                except json.JSONDecodeError:
+                    out[key.strip()] = text
+            return out
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise self.wrong(value)
+        return dict(value)
+
+    def to_cli(self, value):
+        return [f"{k}={json.dumps(v)}" for k, v in value.items()]
+
+    def show(self, value):
+        return " ".join(self.to_cli(value)) or "none"

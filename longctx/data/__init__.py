@@ -1,0 +1,1 @@
+"""Text for training and analysis: document sources (`--data SPEC`) and the built-in synthetic corpora."""

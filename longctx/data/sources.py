@@ -1,0 +1,217 @@
+"""Text documents from data specs: what `--data` of `extend` and `sinks` reads.
+
+A spec is a `.txt`/`.md` file (the whole file is one document), a `.jsonl`/`.json` file (a string
+"text" field per record; `.json` may also be one JSON list of records), a `.parquet` file (a "text"
+column), a directory of such files (all of them, recursively, sorted by path, hidden ones skipped), a
+`datasets.save_to_disk` directory, `hf:<dataset id or local path>[:split]` (`datasets.load_dataset`,
+"text" column, split "train" by default) or `synthetic:<kind>` (`longctx.data.synthetic`).
+Whitespace-only documents are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from longctx.core.errors import InputError
+
+TEXT_SUFFIXES = (".txt", ".md")
+JSON_SUFFIXES = (".jsonl", ".json")
+PARQUET_SUFFIXES = (".parquet",)
+DATA_SUFFIXES = TEXT_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES
+FORMS = ("a .txt/.jsonl/.json/.parquet file, a directory of them, a datasets.save_to_disk directory, "
+         "hf:<dataset id or path>[:split] or synthetic:<kind>")
+
+def _parse_spec(spec: str) -> tuple[str, Any]:
+    """("synthetic", kind) | ("hf", (name, split)) | ("path", Path); InputError for anything else."""
+    if spec.startswith("synthetic:"):
+        return "synthetic", spec[len("synthetic:"):]
+    if spec.startswith("hf:"):
+        name, _, split = spec[len("hf:"):].partition(":")
+        if not name:
+            raise InputError(f"data spec '{spec}' names no dataset; write hf:<dataset id or path>[:split]")
+        return "hf", (name, split or None)
+    path = Path(spec).expanduser()
+    if path.exists():
+        return "path", path
+    prefix = re.match(r"([A-Za-z][\w.+-]+):", spec)
+    if prefix:
+        raise InputError(f"unknown data spec form '{prefix.group(1)}:' in '{spec}'; give {FORMS}")
+    raise InputError(f"data '{spec}' does not exist; give {FORMS}")
+
+
+def _is_saved_dataset(path: Path) -> bool:
+    return path.is_dir() and ((path / "state.json").is_file() or (path / "dataset_dict.json").is_file())
+
+
+def _data_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*")
+                  if p.is_file() and p.suffix.lower() in DATA_SUFFIXES
+                  and not any(part.startswith(".") for part in p.relative_to(directory).parts))
+
+
+def _record_text(record: Any, where: str) -> str:
+    if isinstance(record, dict) and isinstance(record.get("text"), str):
+        return record["text"]
+    raise InputError(f"{where}: expected a JSON object with a string \"text\" field")
+
+
+def _json_documents(path: Path) -> Iterator[str]:
+    with open(path, encoding="utf-8") as f:
+        first = f.read(4096).lstrip()[:1]
+        f.seek(0)
+        try:
+            if path.suffix.lower() == ".json" and first == "[":
+                for i, record in enumerate(json.load(f)):
+                    yield _record_text(record, f"{path} record {i}")
+                return
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    yield _record_text(json.loads(line), f"{path} line {n}")
+        except json.JSONDecodeError as e:
+            raise InputError(f"{path} is not valid JSON/JSONL ({e}); "
+                             "write one JSON object per line with a \"text\" field") from None
+
+
+def _parquet_documents(path: Path) -> Iterator[str]:
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as e:  # noqa: BLE001 - pyarrow raises several types for an unreadable file
+        raise InputError(f"{path} is not a readable parquet file ({e.__class__.__name__}: {e})") from None
+    if "text" not in pf.schema_arrow.names:
+        raise InputError(f"{path} has no \"text\" column (columns: {', '.join(pf.schema_arrow.names)})")
+    for batch in pf.iter_batches(columns=["text"], batch_size=1024):
+        yield from (t for t in batch.column(0).to_pylist() if t is not None)
+
+
+def _file_documents(path: Path) -> Iterator[str]:
+    suffix = path.suffix.lower()
+    try:
+        if suffix in TEXT_SUFFIXES:
+            yield path.read_text(encoding="utf-8")
+        elif suffix in JSON_SUFFIXES:
+            yield from _json_documents(path)
+        elif suffix in PARQUET_SUFFIXES:
+            yield from _parquet_documents(path)
+        else:
+            raise InputError(f"data file '{path}' has an unknown type '{suffix}'; use {', '.join(DATA_SUFFIXES)}")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def _dataset_documents(ds: Any, where: str) -> Iterator[str]:
+    if "text" not in ds.column_names:
+        raise InputError(f"dataset {where} has no \"text\" column (columns: {', '.join(ds.column_names)})")
+    for batch in ds.select_columns(["text"]).iter(batch_size=1024):
+        yield from (t for t in batch["text"] if t is not None)
+
+
+def _saved_dataset(path: Path, split: str | None) -> Any:
+    import datasets
+
+    ds = datasets.load_from_disk(str(path))
+    if isinstance(ds, datasets.DatasetDict):
+        names = list(ds)
+        pick = split or ("train" if "train" in ds else (names[0] if len(names) == 1 else None))
+        if pick not in ds:
+            raise InputError(f"{path} holds splits {', '.join(names)}; choose one with hf:{path}:<split>")
+        ds = ds[pick]
+    elif split:
+        raise InputError(f"{path} is one dataset without splits; drop ':{split}' from hf:{path}:{split}")
+    return ds
+
+
+def _hf_documents(name: str, split: str | None) -> Iterator[str]:
+    path = Path(name).expanduser()
+    if _is_saved_dataset(path):
+        ds = _saved_dataset(path, split)
+    else:
+        import datasets
+
+        try:
+            ds = datasets.load_dataset(name, split=split or "train")
+        except Exception as e:  # noqa: BLE001 - any loader failure is a user-input problem here
+            first = str(e).splitlines()[0] if str(e) else ""
+            raise InputError(f"could not load dataset '{name}' ({e.__class__.__name__}: {first}); "
+                             "offline only local paths and the datasets cache work") from None
+    yield from _dataset_documents(ds, f"hf:{name}")
+
+
+def _raw_documents(spec: str, seed: int, length_tokens: int | None) -> Iterator[str]:
+    kind, arg = _parse_spec(spec)
+    if kind == "synthetic":
+        from longctx.data import synthetic
+
+        yield from synthetic.documents(arg, seed, length_tokens=length_tokens)
+    elif kind == "hf":
+        yield from _hf_documents(*arg)
+    elif _is_saved_dataset(arg):
+        yield from _dataset_documents(_saved_dataset(arg, None), str(arg))
+    elif arg.is_dir():
+        for f in _data_files(arg):
+            yield from _file_documents(f)
+    else:
+        yield from _file_documents(arg)
+
+
+def iter_documents(spec: str, seed: int = 0, *, length_tokens: int | None = None) -> Iterator[str]:
+    """The documents of one data spec, in a fixed order (see the module docstring for the forms).
+
+    `seed` and `length_tokens` only matter for `synthetic:<kind>`; whitespace-only documents are skipped.
+    """
+    return (text for text in _raw_documents(spec, seed, length_tokens) if text and not text.isspace())
+
+
+def check_data_specs(specs: Sequence[str]) -> None:
+    """InputError (one line) for a spec of unknown form, a path that does not exist or holds no text."""
+    for spec in specs:
+        kind, arg = _parse_spec(spec)
+        if kind == "synthetic":
+            from longctx.data import synthetic
+
+            if arg not in synthetic.KINDS:
+                raise InputError(f"unknown synthetic data '{arg}' in '{spec}'; "
+                                 f"choose one of {', '.join(synthetic.KINDS)}")
+            continue
+        if kind == "hf":
+            name, _ = arg
+            if not Path(name).expanduser().exists():
+                if name.startswith((".", "/", "~")):
+                    raise InputError(f"dataset path '{name}' in '{spec}' does not exist")
+                continue  # a hub id: only loading it can tell (offline: from the datasets cache)
+            if not _is_saved_dataset(Path(name).expanduser()):
+                continue
+        if next(iter_documents(spec), None) is None:
+            folder = kind == "path" and arg.is_dir()
+            what = "holds no .txt/.jsonl/.json/.parquet files with text" if folder else "holds no text"
+            raise InputError(f"data '{spec}' {what}; give a file or dataset with at least one non-empty document")
+
+
+def source_identity(spec: str, seed: int, length_tokens: int | None) -> str:
+    """What the documents of `spec` depend on: file paths + sizes + mtimes, a dataset id, or the
+    synthetic kind, seed, length and generator source."""
+    kind, arg = _parse_spec(spec)
+    if kind == "synthetic":
+        from longctx.data import synthetic
+
+        code = synthetic.code_hash()
+        return f"synthetic:{arg}:seed={seed}:length_tokens={length_tokens}:code={code}"
+    if kind == "hf":
+        name, split = arg
+        path = Path(name).expanduser()
+        return f"hf:{_tree_identity(path) if path.exists() else name}:{split or 'train'}"
+    return _tree_identity(arg)
+
+
+def _tree_identity(path: Path) -> str:
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    parts = []
+    for f in files:
+        st = f.stat()
+        parts.append(f"{f.relative_to(path) if f != path else ''}:{st.st_size}:{st.st_mtime_ns}")
+    return f"{path.resolve()}|" + ";".join(parts)

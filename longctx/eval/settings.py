@@ -1,0 +1,84 @@
+"""The settings of `longctx ruler prepare` and `longctx ruler run` (and of a recipe's `ruler` stage)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from longctx.core.errors import ref
+from longctx.core.kinds import Bool, Choice, Count, Float, Int, Lengths, LocalPath, Names, Source, Text
+from longctx.core.settings import REQUIRED, Settings, setting
+from ruler_tasks.templates import TEMPLATE_NAMES
+
+BACKENDS = ("vllm", "openai", "hf")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+_OPTION = "backend_options"  # the recipe mapping that holds the backend's options
+
+
+@dataclass(frozen=True)
+class RulerTaskSettings(Settings):
+    """Which RULER task files to make (shared by `ruler prepare` and `ruler run`)."""
+
+    lengths: list[int] = setting(REQUIRED, Lengths(), "Context lengths, e.g. 4k,8k,16k,32k,64k,128k (k/K = x1024).")
+    tasks: list[str] | None = setting(None, Names(), "Comma-separated task names [default: all 13].")
+    samples: int = setting(500, Int(minimum=1), "Samples per task and length.")
+    seed: int = setting(42, Int(), "Task generation seed.")
+    template: str = setting("base", Choice(TEMPLATE_NAMES, "template"),
+                            "base: RULER's plain prompt; chat: the tokenizer's chat template, answer prefix in the "
+                            "assistant turn.")
+    data_dir: str | None = setting(None, LocalPath(), "Folder with essay.json, squad.json and hotpotqa.json.")
+    essay: str | None = setting(None, Source(), "Essay haystack (RULER's PaulGrahamEssays.json format): a file or "
+                                                "hf:<dataset id>.")
+    squad: str | None = setting(None, Source(), "SQuAD v2.0 dev (for qa_1): a file or hf:<dataset id>.")
+    hotpotqa: str | None = setting(None, Source(), "HotpotQA dev-distractor (for qa_2): a file or hf:<dataset id>.")
+
+    def check(self) -> None:
+        from ruler_tasks.errors import RulerInputError
+        from ruler_tasks.registry import resolve_tasks
+
+        try:
+            specs = resolve_tasks(self.tasks)
+        except RulerInputError as e:
+            raise self.error(f"{ref('tasks')} is invalid: {e}") from None
+        for spec in specs:
+            if self.lengths[0] < spec.min_length:
+                raise self.error(f"{ref('lengths')} start at {self.lengths[0]}, but RULER's {spec.name} needs at "
+                                 f"least {spec.min_length} tokens")
+
+
+@dataclass(frozen=True)
+class PrepareSettings(RulerTaskSettings):
+    tokenizer: str | None = setting(None, Text(), "Tokenizer directory (or checkpoint) that counts the lengths.",
+                                    cli_required=True, recipe=False)
+    output: str | None = setting(None, LocalPath(), "Output folder: <length>/<task>.jsonl + manifest.", short="-o",
+                                 recipe=False, cli_required=True)
+
+
+@dataclass(frozen=True)
+class RulerRunSettings(RulerTaskSettings):
+    checkpoint: str | None = setting(None, Text(), "Checkpoint to evaluate.", cli="argument", recipe=False,
+                                     cli_required=True)
+    output: str | None = setting(None, LocalPath(), "Run directory (resumable: rerun the same command to continue).",
+                                 short="-o", recipe=False, cli_required=True)
+    backend: str = setting("vllm", Choice(BACKENDS, "backend"),
+                           "vllm (offline engine), openai (an OpenAI-compatible server) or hf (transformers).")
+    dtype: str | None = setting(None, Choice(DTYPES, "dtype"), "Weights dtype [default: auto, the checkpoint's].",
+                                group=_OPTION)
+    tensor_parallel_size: int | None = setting(None, Int(minimum=1), "vllm: GPUs per model replica.", group=_OPTION)
+    data_parallel_size: int | None = setting(None, Int(minimum=1), "vllm: model replicas.", group=_OPTION)
+    gpu_memory_utilization: float | None = setting(None, Float(0, 1, low_open=True, words="a number in (0, 1]"),
+                                                   "vllm: share of GPU memory.", group=_OPTION)
+    kv_cache_memory: int | None = setting(None, Count(), "vllm: KV-cache size in bytes (e.g. 8e9), instead of the "
+                                                         "share.", group=_OPTION)
+    enforce_eager: bool = setting(False, Bool(), "vllm: no CUDA graphs.", group=_OPTION)
+    base_url: str | None = setting(None, Text(), "openai: endpoint, e.g. http://127.0.0.1:8000/v1 (key from "
+                                                 "OPENAI_API_KEY).", group=_OPTION)
+    model: str | None = setting(None, Text(), "openai: model name on the server [default: the first it serves].",
+                                flag="--served-model", group=_OPTION)
+    concurrency: int = setting(8, Int(minimum=1), "openai: requests in flight.", group=_OPTION)
+    device: str | None = setting(None, Text(), "hf: torch device [default: cuda when available].", group=_OPTION)
+    plot: bool = setting(True, Bool(), "Write results.png (needs longctx[plot]).", flag="--plot/--no-plot")
+
+    def check(self) -> None:
+        super().check()
+        if self.backend == "openai" and not self.base_url:
+            raise self.error(f"{ref('backend')} openai needs {ref('base_url')} (e.g. http://127.0.0.1:8000/v1)")

@@ -1,0 +1,294 @@
+"""`longctx extend`: continue training a checkpoint at a longer length with a new RoPE base, resumably.
+
+    longctx extend CKPT --rope-base 1e6 --seq-len 32k --data DATA --tokens 1B -o OUT
+    torchrun --nproc_per_node 8 -m longctx extend ...     (or: accelerate launch -m longctx extend ...)
+
+The loss is summed per token and divided by the number of predicted tokens of the whole step (all
+micro-batches, all ranks), never averaged per micro-batch. State lives in a work folder beside the
+output (`OUT.train/`): `settings.json` (what the run is), `step-NNNNNN/` (`longctx.extend.state`) and
+`train_log.jsonl`. The output folder is written once, at the end (`longctx.extend.output`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from longctx.core.errors import InputError
+from longctx.core.files import write_json
+from longctx.extend.output import LOG_FILE, write_output
+from longctx.extend.plan import Plan, check_parallelism, resolve_plan
+from longctx.extend.settings import ExtendSettings
+from longctx.extend.state import latest_step_dir, load_training_state, save_training_state
+
+SETTINGS_FILE = "settings.json"
+# Settings a resumed run may change: they do not change what the run computes. The checkpoint is
+# compared by fingerprint instead of by path.
+RESUME_FREE_FIELDS = ("checkpoint", "resume", "overwrite", "save_every", "gradient_checkpointing", "cache_dir")
+
+
+@dataclass(frozen=True)
+class ExtendResult:
+    output: Path
+    steps: int
+    tokens: int
+    final_loss: float
+    log: Path  # train_log.jsonl in the output
+    seconds: float
+
+
+def work_dir(output: str | os.PathLike) -> Path:
+    """Where a run keeps its resumable state: beside the output, `OUT.train/`."""
+    out = Path(output)
+    return out.parent / f"{out.name}.train"
+
+
+def _validate(s: ExtendSettings, world_size: int, cuda: bool) -> tuple[Path, dict[str, Any], list[str]]:
+    """Check what the settings alone cannot (the checkpoint, the launch, the output) before anything is
+    written; returns (checkpoint dir, new config, notes)."""
+    from longctx.checkpoint.directory import check_output_dir, checkpoint_dir, read_config
+    from longctx.checkpoint.rope import read_rope, set_rope_base
+
+    if s.checkpoint is None or s.output is None:
+        raise InputError("extend needs a checkpoint and an output directory")
+    s.check_inputs()
+    check_parallelism(s.cp_size, world_size, s.seq_len, cuda)
+    ckpt = checkpoint_dir(s.checkpoint)
+    cfg = read_config(ckpt)
+    rope = read_rope(cfg)
+    notes = []
+    if s.rope_base is not None and s.rope_base == rope.theta:
+        notes.append(f"the RoPE base is already {rope.theta}; training at the longer length with it unchanged")
+    new_cfg, _ = set_rope_base(cfg, s.rope_base if s.rope_base is not None else rope.theta, s.seq_len)
+    if not any(ckpt.glob("tokenizer*")):
+        raise InputError(f"checkpoint '{ckpt}' has no tokenizer files (tokenizer.json / tokenizer_config.json); "
+                         "copy the tokenizer of the model into it")
+    out = Path(s.output)
+    check_output_dir(out, [ckpt], s.overwrite)
+    work = work_dir(out)
+    if work.exists() and not (s.resume or s.overwrite):
+        raise InputError(f"work folder '{work}' exists from an earlier run; pass --resume to continue it "
+                         "or --overwrite to start over")
+    return ckpt, new_cfg, notes
+
+
+def _settings_record(s: ExtendSettings) -> dict[str, Any]:
+    return {k: v for k, v in s.record().items() if k not in RESUME_FREE_FIELDS}
+
+
+def _check_resumable(saved: dict[str, Any], s: ExtendSettings, source_fp: str) -> None:
+    """InputError naming every setting that differs from the run being resumed."""
+    now = _settings_record(s)
+    diffs = [f"{k} {saved['settings'].get(k)!r} -> {v!r}" for k, v in now.items() if saved["settings"].get(k) != v]
+    if saved.get("source_fingerprint") != source_fp:
+        diffs.append("checkpoint (other weights or config than the run being resumed)")
+    if diffs:
+        raise InputError(f"--resume: the run in '{work_dir(s.output)}' used different settings: {'; '.join(diffs)}; "
+                         "rerun with the original settings or pass --overwrite (without --resume) to start over")
+
+
+def _micro_batches(ds, step: int, plan: Plan, dp_rank: int) -> list[dict[str, Any]]:
+    import torch
+
+    b, base = plan.micro_batch_size, step * plan.sequences_per_step
+    out = []
+    for micro in range(plan.accumulation):
+        first = base + (micro * plan.dp_size + dp_rank) * b
+        items = [ds.get(first + j) for j in range(b)]
+        out.append({k: torch.stack([it[k] for it in items]) for k in ("input_ids", "position_ids", "shift_labels")})
+    return out
+
+
+def _start_work(acc, s: ExtendSettings, work: Path, saved: dict | None, source_fp: str, ds) -> Path | None:
+    """The step folder to resume from, or None after starting the work folder afresh."""
+    resume_from = None
+    if saved is not None:
+        if saved.get("data_fingerprint") != ds.fingerprint:
+            raise InputError(f"--resume: the data behind {', '.join(s.data + s.short_data)} changed since the run "
+                             f"in '{work}' started; restore it or pass --overwrite to start over")
+        resume_from = latest_step_dir(work)
+    acc.wait_for_everyone()  # every rank has read the work folder before the main process changes it
+    if acc.is_main_process and resume_from is None:
+        # _validate allowed an existing folder only with --overwrite, or --resume (nothing saved yet: redo it).
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        record = {"settings": _settings_record(s), "source_fingerprint": source_fp, "data_fingerprint": ds.fingerprint}
+        write_json(work / SETTINGS_FILE, record, indent=1)
+        (work / LOG_FILE).write_text("")
+    acc.wait_for_everyone()
+    return resume_from
+
+
+def _optimizer(module, s: ExtendSettings, acc, plan: Plan):
+    """(accelerated optimizer, torch optimizer, scheduler): AdamW without weight decay on norms and biases,
+    linear warmup then cosine."""
+    import torch
+
+    from longctx.extend.plan import lr_multiplier
+
+    decay = [p for p in module.parameters() if p.ndim >= 2]
+    no_decay = [p for p in module.parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, s.beta2))
+    # FSDP2 replaces the parameters by sharded ones: accelerate re-points the optimizer when both come together.
+    module, accelerated = acc.prepare(module, optimizer)
+    optimizer = accelerated.optimizer  # the torch optimizer, for the scheduler and state dicts
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: lr_multiplier(i, plan, s.min_lr_ratio))
+    return module, accelerated, optimizer, scheduler
+
+
+def _step(acc, module, accelerated, optimizer, scheduler, batches, s: ExtendSettings, world_size: int):
+    """One optimizer step over `batches`; returns (loss, lr, grad norm, seconds of compute)."""
+    import torch
+
+    from longctx.extend.loss import IGNORE_INDEX
+
+    local = torch.tensor([float(sum(int((b["shift_labels"] != IGNORE_INDEX).sum()) for b in batches))],
+                         device=acc.device)
+    # Ranks of one context-parallel group read the same sequences: count them once.
+    predicted = float(acc.reduce(local, reduction="sum").item()) / s.cp_size
+    scale = world_size / max(predicted, 1.0)  # gradient reduction averages over all ranks
+    start = time.perf_counter()
+    loss_sum = torch.zeros((), device=acc.device)
+    for batch in batches:
+        batch = {k: v.to(acc.device) for k, v in batch.items()}
+        cp = contextlib.nullcontext()
+        if s.cp_size > 1:
+            pos = torch.arange(s.seq_len, device=acc.device).expand_as(batch["position_ids"]).contiguous()
+            batch["position_ids"] = pos
+            bufs = [batch["input_ids"], batch["position_ids"], batch["shift_labels"]]
+            cp = acc.maybe_context_parallel(buffers=bufs, buffer_seq_dims=[1, 1, 1], no_restore_buffers=set(bufs))
+        with cp:
+            part = module(**batch)
+            acc.backward(part * scale)
+        loss_sum += part.detach()
+    grad_norm = acc.clip_grad_norm_(module.parameters(), s.grad_clip if s.grad_clip > 0 else float("inf"))
+    accelerated.step()
+    lr = scheduler.get_last_lr()[0]
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    loss = float(acc.reduce(loss_sum.reshape(1), reduction="sum").item()) / max(predicted, 1.0)
+    if hasattr(grad_norm, "full_tensor"):
+        grad_norm = grad_norm.full_tensor()
+    return loss, lr, float(grad_norm), time.perf_counter() - start
+
+
+def _train_steps(acc, parts, ds, s: ExtendSettings, plan: Plan, work: Path, start_step: int, progress: bool) -> float:
+    """Steps start_step..plan.steps, logged per step and saved every `save_every`; returns the last loss."""
+    from tqdm.auto import tqdm
+
+    module, accelerated, optimizer, scheduler = parts
+    dp_rank = acc.process_index // s.cp_size
+    bar = tqdm(total=plan.steps, initial=start_step, unit="step", disable=not (progress and acc.is_main_process),
+               dynamic_ncols=True)
+    log_file = open(work / LOG_FILE, "a", encoding="utf-8") if acc.is_main_process else None
+    final_loss = float("nan")
+    last_end = time.perf_counter()
+    try:
+        for step in range(start_step, plan.steps):
+            batches = _micro_batches(ds, step, plan, dp_rank)
+            loss, lr, grad_norm, compute_s = _step(acc, module, accelerated, optimizer, scheduler, batches, s,
+                                                   plan.world_size)
+            seconds = time.perf_counter() - last_end
+            final_loss = loss
+            entry = {"step": step + 1, "loss": round(loss, 6), "lr": lr, "grad_norm": round(grad_norm, 6),
+                     "tokens": (step + 1) * plan.tokens_per_step,
+                     "tokens_per_s": round(plan.tokens_per_step / seconds, 1), "seconds": round(seconds, 4),
+                     "compute_seconds": round(compute_s, 4)}
+            if log_file is not None:
+                log_file.write(json.dumps(entry) + "\n")
+                log_file.flush()
+            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{entry['tokens_per_s']:,.0f}", refresh=False)
+            bar.update(1)
+            done = step + 1
+            if done == plan.steps or (s.save_every and done % s.save_every == 0):
+                save_training_state(acc, module, optimizer, scheduler, work, done, plan)
+            last_end = time.perf_counter()
+    finally:
+        bar.close()
+        if log_file is not None:
+            log_file.close()
+    return final_loss
+
+
+def _log_plan(log, s: ExtendSettings, plan: Plan, dtype: str, attn: str, acc, work: Path) -> None:
+    if s.cp_size > 1:
+        log(f"note: --cp-size {s.cp_size}: torch context parallelism supports only causal masks, so each sequence is "
+            "one causal stream (positions 0..seq_len-1, no document masking); labels still stop at document ends")
+    log(f"sequence length {s.seq_len:,}; {plan.sequences_per_step} sequences ({plan.tokens_per_step:,} tokens) per "
+        f"optimizer step = {plan.dp_size} data-parallel rank(s) x {plan.accumulation} accumulation x "
+        f"{plan.micro_batch_size} micro-batch")
+    log(f"{plan.steps:,} steps, {plan.total_tokens:,} tokens; lr {s.lr:g} cosine to {s.lr * s.min_lr_ratio:g} after "
+        f"{plan.warmup_steps} warmup steps; {dtype}, attention {attn}, world size {plan.world_size}"
+        f"{' (FSDP2)' if acc.is_fsdp2 else ''}; work folder {work}")
+
+
+def extend(s: ExtendSettings, progress: bool = True) -> ExtendResult:
+    """Continue training `s.checkpoint` at `s.seq_len` (new RoPE base) and write the result to `s.output`."""
+    import torch
+
+    from longctx.checkpoint.directory import fingerprint
+    from longctx.checkpoint.tokenizer import load_tokenizer
+    from longctx.core.files import cache_dir
+    from longctx.extend.model import (attention_implementation, fsdp_plugin, load_training_model,
+                                      make_accelerator, make_training_module)
+    from longctx.extend.packing import build_packed_dataset
+
+    started = time.perf_counter()
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    cuda = torch.cuda.is_available()
+    ckpt, new_cfg, notes = _validate(s, world_size, cuda)
+    plan = resolve_plan(s, world_size)
+    source_fp = fingerprint(ckpt)
+    work = work_dir(s.output)
+    saved = None
+    if s.resume and (work / SETTINGS_FILE).is_file():
+        saved = json.loads((work / SETTINGS_FILE).read_text())
+        _check_resumable(saved, s, source_fp)
+    attn = attention_implementation(cuda, s.cp_size)
+    lm = load_training_model(ckpt, new_cfg, attn, s.gradient_checkpointing)
+    acc, dtype = make_accelerator(s, world_size, cuda, fsdp_plugin(lm) if world_size > 1 else None)
+    log = acc.print
+    for note in notes:
+        log(f"note: {note}")
+    torch.manual_seed(s.seed)
+    random.seed(s.seed)
+    _log_plan(log, s, plan, dtype, attn, acc, work)
+
+    tokenizer = load_tokenizer(ckpt)
+    with acc.main_process_first():
+        ds = build_packed_dataset(s.data, tokenizer, s.seq_len, num_tokens=plan.total_tokens, short_specs=s.short_data,
+                                  short_fraction=s.short_fraction, seed=s.seed,
+                                  cache_dir=Path(s.cache_dir) if s.cache_dir else cache_dir() / "data", log=log)
+    resume_from = _start_work(acc, s, work, saved, source_fp, ds)
+    parts = _optimizer(make_training_module(lm, flatten_batch=attn == "flash_attention_2"), s, acc, plan)
+    start_step = 0
+    if resume_from is not None:
+        start_step = load_training_state(acc, parts[0], parts[2], parts[3], resume_from, plan, log)
+        if acc.is_main_process:  # drop log lines of steps after the saved state (they will be redone)
+            lines = (work / LOG_FILE).read_text().splitlines()
+            kept = [ln for ln in lines if ln.strip() and json.loads(ln)["step"] <= start_step]
+            (work / LOG_FILE).write_text("".join(f"{ln}\n" for ln in kept))
+    elif s.resume:
+        log(f"--resume: nothing saved in '{work}' yet; starting from step 0")
+
+    final_loss = _train_steps(acc, parts, ds, s, plan, work, start_step, progress)
+    if start_step == plan.steps:
+        log(f"the run in '{work}' had already finished all {plan.steps} steps; writing the output")
+        lines = (work / LOG_FILE).read_text().splitlines()
+        final_loss = json.loads(lines[-1])["loss"] if lines else final_loss
+    write_output(acc, parts[0], ckpt, new_cfg, s, plan, work,
+                 {"source_fingerprint": source_fp, "data_fingerprint": ds.fingerprint, "data_stats": ds.stats,
+                  "attention": attn, "dtype": dtype})
+    acc.wait_for_everyone()
+    seconds = time.perf_counter() - started
+    log(f"wrote {s.output} ({plan.steps} steps, {plan.total_tokens:,} tokens, final loss {final_loss:.4f}, "
+        f"{seconds:.1f} s); training state in {work}")
+    return ExtendResult(Path(s.output), plan.steps, plan.total_tokens, final_loss, Path(s.output) / LOG_FILE, seconds)

@@ -1,0 +1,243 @@
+"""Packing for `extend`: tokenized documents into `seq_len` sequences with document masking.
+
+Packing (deterministic given the seed): documents longer than `seq_len` are cut into `seq_len`
+pieces; all pieces of both pools are shuffled together and packed first-fit into sequences (a few
+sequences stay open, so short pieces fill the gaps long ones leave); the unfilled tail is padding.
+`position_ids` restart at 0 at every piece: with attention_mask=None transformers masks each document
+separately (`masking_utils.find_packed_sequence_indices`). The long/short mix is decided per token
+budget: `short_fraction` of `num_tokens` is read from the short sources, the rest from the long ones,
+and both are packed together, so the fraction holds over an epoch rather than in every sequence.
+The plan is cached as `packed-<fingerprint>/` beside the token caches.
+
+Synthetic long documents are generated to fill one sequence (`seq_len - 1` tokens plus the EOS),
+synthetic short ones at an eighth of it.
+
+Epochs: one epoch holds every document token once; `get(index)` maps a global sequence number to
+(epoch, position) and each epoch visits the sequences in its own seed-derived order. When the
+sources hold fewer than `num_tokens` tokens the epochs repeat (logged, and in `stats["epochs"]`).
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from longctx.core.errors import InputError
+from longctx.core.files import write_json
+from longctx.core.hashing import hash_json
+from longctx.data.sources import check_data_specs
+from longctx.extend.loss import IGNORE_INDEX
+from longctx.extend.tokens import CACHE_VERSION, Pool, building_cache_dir, token_pool
+
+# Sequences kept open while packing: more fills gaps better, each costs a scan per piece.
+_OPEN_SEQUENCES = 16
+
+
+def _pieces(pools: list[Pool], seq_len: int) -> dict[str, np.ndarray]:
+    """Every document of every pool cut into pieces of at most seq_len tokens."""
+    cols: dict[str, list[np.ndarray]] = {"pool": [], "start": [], "length": [], "doc_end": []}
+    for p, pool in enumerate(pools):
+        doc_start, doc_stop = pool.doc_offsets[:-1], pool.doc_offsets[1:]
+        n = (doc_stop - doc_start + seq_len - 1) // seq_len
+        first = np.repeat(np.cumsum(n) - n, n)
+        k = np.arange(int(n.sum())) - first  # piece number within its document
+        start = np.repeat(doc_start, n) + k * seq_len
+        stop = np.repeat(doc_stop, n)
+        length = np.minimum(seq_len, stop - start)
+        cols["pool"].append(np.full(len(start), p, dtype=np.uint8))
+        cols["start"].append(start)
+        cols["length"].append(length.astype(np.int32))
+        cols["doc_end"].append(start + length == stop)
+    return {k: np.concatenate(v) for k, v in cols.items()}
+
+
+def _pack(lengths: np.ndarray, order: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """First-fit packing of pieces (taken in `order`) into sequences with a few kept open.
+    Returns (piece indices in sequence order, offsets into it per sequence)."""
+    open_seqs: list[list] = []  # [free tokens, piece indices]
+    flat, offsets = array.array("q"), array.array("q", [0])
+
+    def close(pieces: list[int]) -> None:
+        flat.extend(pieces)
+        offsets.append(len(flat))
+
+    chunk = 1 << 20  # Python ints for a million pieces at a time, not for all of them
+    for at in range(0, len(order), chunk):
+        block = order[at:at + chunk]
+        for idx, n in zip(block.tolist(), lengths[block].tolist()):
+            for j, seq in enumerate(open_seqs):
+                if seq[0] >= n:
+                    seq[0] -= n
+                    seq[1].append(idx)
+                    if seq[0] == 0:
+                        close(open_seqs.pop(j)[1])
+                    break
+            else:
+                if n == seq_len:
+                    close([idx])
+                    continue
+                open_seqs.append([seq_len - n, [idx]])
+                if len(open_seqs) > _OPEN_SEQUENCES:
+                    close(open_seqs.pop(0)[1])
+    for seq in open_seqs:
+        close(seq[1])
+    return np.frombuffer(flat, dtype=np.int64), np.frombuffer(offsets, dtype=np.int64)
+
+
+class PackedDataset:
+    """Packed `seq_len` sequences over memory-mapped token pools; see the module docstring."""
+
+    def __init__(self, plan_dir: Path, pools: list[Pool], *, seq_len: int, pad_id: int, seed: int,
+                 fingerprint: str, stats: dict[str, Any]):
+        self.seq_len, self.fingerprint, self.stats = seq_len, fingerprint, stats
+        self.pad_id, self.seed = pad_id, seed
+        self.plan_dir = plan_dir
+        self._token_files = [(str(p.tokens.filename), p.tokens.dtype.str) for p in pools]
+        self._open()
+
+    _STATE = ("seq_len", "fingerprint", "stats", "pad_id", "seed", "plan_dir", "_token_files")
+
+    def _open(self) -> None:
+        self._tokens = [np.memmap(f, dtype=np.dtype(dtype), mode="r") for f, dtype in self._token_files]
+        plan = {k: np.load(self.plan_dir / f"{k}.npy", mmap_mode="r")
+                for k in ("pool", "start", "length", "doc_end", "seq_offsets")}
+        self._pool, self._start, self._length = plan["pool"], plan["start"], plan["length"]
+        self._doc_end, self._seq_offsets = plan["doc_end"], plan["seq_offsets"]
+        self._epoch_order: tuple[int, np.ndarray] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Memory maps would pickle as full copies: a DataLoader worker process reopens the files instead.
+        return {k: self.__dict__[k] for k in self._STATE}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._open()
+
+    def __len__(self) -> int:
+        return len(self._seq_offsets) - 1
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The sequence order of one epoch (a permutation derived from the seed and the epoch)."""
+        if self._epoch_order is None or self._epoch_order[0] != epoch:
+            self._epoch_order = (epoch, np.random.default_rng([self.seed, 1, epoch]).permutation(len(self)))
+        return self._epoch_order[1]
+
+    def get(self, index: int) -> dict[str, torch.Tensor]:
+        """Sequence number `index` (global: epoch = index // len) as int64 tensors of shape [seq_len]."""
+        if index < 0:
+            raise IndexError(f"sequence index {index} < 0")
+        epoch, i = divmod(int(index), len(self))
+        seq = int(self.order(epoch)[i])
+        input_ids = np.full(self.seq_len, self.pad_id, dtype=np.int64)
+        position_ids = np.empty(self.seq_len, dtype=np.int64)
+        shift_labels = np.full(self.seq_len, IGNORE_INDEX, dtype=np.int64)
+        t = 0
+        for k in range(int(self._seq_offsets[seq]), int(self._seq_offsets[seq + 1])):
+            tokens, start, n = self._tokens[self._pool[k]], int(self._start[k]), int(self._length[k])
+            # A piece that does not end its document also predicts the first token of the next piece.
+            stop = start + n + (0 if self._doc_end[k] else 1)
+            ids = tokens[start:stop]
+            input_ids[t:t + n] = ids[:n]
+            position_ids[t:t + n] = np.arange(n)
+            shift_labels[t:t + len(ids) - 1] = ids[1:]
+            t += n
+        # Padding is one block of its own positions, so it forms one (ignored) pseudo-document.
+        position_ids[t:] = np.arange(self.seq_len - t)
+        return {"input_ids": torch.from_numpy(input_ids), "position_ids": torch.from_numpy(position_ids),
+                "shift_labels": torch.from_numpy(shift_labels)}
+
+
+def build_packed_dataset(specs: Sequence[str], tokenizer: Any, seq_len: int, *, num_tokens: int,
+                         short_specs: Sequence[str] = (), short_fraction: float = 0.0, seed: int = 0,
+                         cache_dir: str | os.PathLike, log: Callable[[str], None] = print) -> PackedDataset:
+    """Tokenize (once, cached) and pack `specs` (+ `short_specs` for `short_fraction` of the tokens)
+    into `seq_len` sequences; see the module docstring. Call it on the main process first: the other
+    ranks then open the finished cache."""
+    if seq_len < 2:
+        raise InputError(f"seq_len {seq_len} is too short; give at least 2 tokens")
+    if num_tokens < 1:
+        raise InputError(f"num_tokens {num_tokens} must be positive")
+    if not specs:
+        raise InputError("no training data given; pass at least one data spec")
+    if not 0.0 <= short_fraction < 1.0:
+        raise InputError(f"short fraction {short_fraction} must be in [0, 1)")
+    if short_fraction > 0 and not short_specs:
+        raise InputError(f"short fraction {short_fraction} needs short data; pass short data specs or a fraction of 0")
+    if short_specs and short_fraction == 0:
+        log(f"short data {', '.join(short_specs)} unused: the short fraction is 0")
+        short_specs = ()
+    check_data_specs([*specs, *short_specs])
+    cache = Path(cache_dir)
+    short_budget = round(num_tokens * short_fraction)
+    long_budget = num_tokens - short_budget
+    pools = [token_pool(specs, tokenizer, long_budget, seed=seed, cache_dir=cache, log=log,
+                         length_tokens=_synthetic_document_tokens(seq_len, short=False))]
+    if short_specs:
+        pools.append(token_pool(short_specs, tokenizer, short_budget, seed=seed, cache_dir=cache, log=log,
+                                 length_tokens=_synthetic_document_tokens(seq_len, short=True)))
+    fingerprint = hash_json({"version": CACHE_VERSION, "pools": [p.source_key for p in pools],
+                         "pool_tokens": [p.num_tokens for p in pools], "seq_len": seq_len,
+                         "short_fraction": short_fraction, "seed": seed, "num_tokens": num_tokens})
+    plan_dir = cache / f"packed-{fingerprint[:20]}"
+    if (plan_dir / "meta.json").is_file():
+        log(f"reusing packed sequences {plan_dir}")
+        stats = json.loads((plan_dir / "meta.json").read_text())["stats"]
+    else:
+        with building_cache_dir(plan_dir) as tmp:
+            stats = _write_plan(tmp, pools, seq_len, seed, num_tokens, short_fraction, log)
+            write_json(tmp / "meta.json", {"version": CACHE_VERSION, "fingerprint": fingerprint, "stats": stats},
+                       indent=1)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ds = PackedDataset(plan_dir, pools, seq_len=seq_len, pad_id=pad_id, seed=seed, fingerprint=fingerprint, stats=stats)
+    log(f"packed {stats['documents']:,} documents ({stats['tokens']:,} tokens, "
+        f"{stats['short_token_fraction']:.1%} short) "
+        f"into {len(ds):,} sequences of {seq_len:,} tokens ({stats['padding_fraction']:.1%} padding)")
+    if stats["epochs"] > 1:
+        log(f"the data holds {stats['tokens']:,} tokens, fewer than the {num_tokens:,} requested: "
+            f"it repeats for {stats['epochs']:.2f} epochs, each in a new order")
+    if short_specs and abs(stats["short_token_fraction"] - short_fraction) > 0.01:
+        log(f"short data is {stats['short_token_fraction']:.1%} of the tokens, not the {short_fraction:.1%} asked for: "
+            "one of the sources ran out")
+    return ds
+
+
+def _synthetic_document_tokens(seq_len: int, short: bool) -> int:
+    """Target length of synthetic documents: a long one fills one sequence with room for the EOS;
+    a short one is an eighth of it, so short documents fill the gaps long ones leave."""
+    from longctx.data import synthetic
+
+    return max(synthetic.MIN_LENGTH, seq_len // 8 if short else seq_len - 1)
+
+
+def _write_plan(out: Path, pools: list[Pool], seq_len: int, seed: int, num_tokens: int,
+                short_fraction: float, log: Callable[[str], None]) -> dict[str, Any]:
+    pieces = _pieces(pools, seq_len)
+    log(f"packing {len(pieces['length']):,} document pieces into {seq_len:,}-token sequences")
+    order = np.random.default_rng([seed, 0]).permutation(len(pieces["length"]))
+    flat, seq_offsets = _pack(pieces["length"], order, seq_len)
+    for k, v in pieces.items():
+        np.save(out / f"{k}.npy", v[flat])
+    np.save(out / "seq_offsets.npy", seq_offsets)
+    sequences = len(seq_offsets) - 1
+    tokens = sum(p.num_tokens for p in pools)
+    short_tokens = pools[1].num_tokens if len(pools) > 1 else 0
+    return {
+        "documents": sum(len(p.doc_offsets) - 1 for p in pools),
+        "documents_short": len(pools[1].doc_offsets) - 1 if len(pools) > 1 else 0,
+        "documents_split": sum(int((np.diff(p.doc_offsets) > seq_len).sum()) for p in pools),
+        "tokens": tokens,
+        "short_token_fraction": round(short_tokens / tokens, 6),
+        "requested_short_fraction": short_fraction,
+        "sequences": sequences,
+        "padding_fraction": round(1 - tokens / (sequences * seq_len), 6),
+        "epochs": round(num_tokens / (sequences * seq_len), 6),
+        "sources_exhausted": [p.exhausted for p in pools],
+        "source_tokens": [p.source_tokens for p in pools],
+    }

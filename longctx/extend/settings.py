@@ -1,0 +1,73 @@
+"""The settings of `longctx extend` (and of a recipe's `pretrain` and `extend` stages)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from longctx.core.errors import InputError, ref
+from longctx.core.kinds import Bool, Choice, Count, Float, Int, Length, LocalPath, Number, Specs, Text
+from longctx.core.settings import REQUIRED, Settings, setting
+
+DTYPES = ("float32", "bfloat16")
+_FRACTION = Float(0, 1, high_open=True, words="a number from 0 up to (not including) 1")
+
+
+@dataclass(frozen=True)
+class ExtendSettings(Settings):
+    checkpoint: str | None = setting(None, Text(), "Checkpoint to continue training.", cli="argument", recipe=False,
+                                     cli_required=True)
+    seq_len: int = setting(REQUIRED, Length(), "Training sequence length, e.g. 32k; becomes max_position_embeddings.")
+    data: list[str] = setting(REQUIRED, Specs(),
+                              "Training text (repeatable): a .txt/.jsonl/.json/.parquet file, a directory of them, a "
+                              "saved dataset, hf:<dataset id>[:split] or synthetic:<kind>.")
+    rope_base: int | float | None = setting(None, Number(), "New RoPE base (ABF), e.g. 1e6 [default: keep the "
+                                                            "checkpoint's].")
+    short_data: list[str] = setting([], Specs(), "Short documents mixed in for --short-fraction of the tokens "
+                                                 "(repeatable; same forms as --data).")
+    short_fraction: float = setting(0.0, _FRACTION, "Share of the tokens from --short-data (ProLong: 0.3-0.4).")
+    tokens: int | None = setting(None, Count(), "Tokens to train on, e.g. 80B or 1e9 (k/M = x1024, B = 10^9).")
+    steps: int | None = setting(None, Int(minimum=1), "Optimizer steps (instead of --tokens).")
+    tokens_per_step: int | None = setting(None, Count(), "Tokens per optimizer step, rounded to whole sequences "
+                                                         "[default: 4M, at most --tokens / 20].")
+    micro_batch_size: int = setting(1, Int(minimum=1), "Sequences per forward pass on each rank.")
+    lr: float = setting(2e-5, Float(0, low_open=True, words="a number > 0"), "Peak learning rate (AdamW).")
+    warmup_fraction: float = setting(0.1, _FRACTION, "Share of steps in linear warmup.")
+    min_lr_ratio: float = setting(0.1, Float(0, 1, words="a number from 0 to 1"), "Cosine decays to lr x this.")
+    weight_decay: float = setting(0.1, Float(0, words="a number >= 0"), "AdamW weight decay (not on norms and "
+                                                                       "biases).")
+    beta2: float = setting(0.95, Float(0, 1, low_open=True, high_open=True, words="a number between 0 and 1"),
+                           "AdamW beta2.")
+    grad_clip: float = setting(1.0, Float(0, words="a number >= 0"), "Gradient-norm clip (0: none).")
+    save_every: int | None = setting(None, Int(minimum=1), "Save resumable state every N steps [default: at the "
+                                                           "end].")
+    seed: int = setting(0, Int(), "Seed of the data order and synthetic data.")
+    dtype: str | None = setting(None, Choice(DTYPES, "dtype"),
+                                "Compute dtype [default: bfloat16 on GPU, float32 on CPU].")
+    gradient_checkpointing: bool = setting(True, Bool(), "Recompute activations in backward (off: faster, far more "
+                                                         "memory).")
+    cp_size: int = setting(1, Int(minimum=1), "Context-parallel ranks per sequence (GPUs; causal attention, no "
+                                              "document masking).")
+    cache_dir: str | None = setting(None, LocalPath(), "Tokenized-data cache [default: ~/.cache/longctx/data].")
+    output: str | None = setting(None, LocalPath(), "Output checkpoint directory.", short="-o", recipe=False,
+                                 cli_required=True)
+    resume: bool = setting(False, Bool(), "Continue from the latest state in OUTPUT.train/ (same settings).",
+                           recipe=False)
+    overwrite: bool = setting(False, Bool(), "Replace OUTPUT and start over in OUTPUT.train/.", recipe=False)
+
+    def check(self) -> None:
+        if self.seq_len < 2:
+            raise self.error(f"{ref('seq_len')} must be a length of at least 2 tokens (e.g. 32k), got {self.seq_len}")
+        if (self.tokens is None) == (self.steps is None):
+            raise self.error(f"give exactly one of {ref('tokens')} (e.g. 80B) and {ref('steps')}")
+        if self.short_fraction > 0 and not self.short_data:
+            raise self.error(f"{ref('short_fraction')} {self.short_fraction} needs {ref('short_data')} SPEC (the "
+                             "short documents to mix in)")
+
+    def check_inputs(self) -> None:
+        from longctx.data.sources import check_data_specs
+
+        for name in ("data", "short_data"):
+            try:
+                check_data_specs(getattr(self, name))
+            except InputError as e:
+                raise self.error(f"{ref(name)}: {e}") from None

@@ -1,0 +1,1 @@
+"""`longctx init`: freshly initialised checkpoints from named shapes (presets) and attention variants."""

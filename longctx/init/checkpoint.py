@@ -1,0 +1,83 @@
+"""`longctx init OUT --preset tiny --attention elementwise`: a freshly initialised checkpoint.
+
+Writes config, safetensors, tokenizer, generation config and `longctx.json` for a preset and an attention
+variant; baselines are plain `Qwen3ForCausalLM`, so vLLM runs them on its native path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from longctx.init.settings import TOKENIZER_CHOICES, InitSettings
+
+
+@dataclass(frozen=True)
+class InitResult:
+    output: Path
+    architecture: str
+    attention: str
+    preset: str
+    dtype: str
+    parameters: int
+    baseline_parameters: int  # the baseline's at this preset and vocabulary (what match_params matches)
+    intermediate_size: int
+    vocab_size: int
+
+
+def _write_tokenizer(s: InitSettings, out: Path):
+    """Write the tokenizer `s.tokenizer` asks for into `out`; return it loaded."""
+    from longctx.checkpoint.directory import copy_side_files, is_tokenizer_file
+    from longctx.checkpoint.tokenizer import load_tokenizer, write_reference_tokenizer
+    from longctx.init.bpe import train_bpe_tokenizer
+
+    if s.tokenizer == "reference":
+        write_reference_tokenizer(out)
+    elif s.tokenizer == "bpe":
+        corpus = Path(s.bpe_corpus).read_text(encoding="utf-8").splitlines() if s.bpe_corpus else None
+        # One token per digit, as Qwen's tokenizer: a number reads the same wherever it stands
+        # (checkpoints/README.md has what coarser digit tokens did to the tiny models).
+        train_bpe_tokenizer(out, s.vocab_size, corpus, digit_group=1)
+    else:
+        copy_side_files(Path(s.tokenizer), out, keep=is_tokenizer_file)
+    return load_tokenizer(out)
+
+
+def init_checkpoint(s: InitSettings) -> InitResult:
+    """Write the checkpoint `s` describes (validated before anything is written)."""
+    import torch
+    from transformers import GenerationConfig
+
+    from longctx.checkpoint.directory import check_output_dir, write_provenance
+    from longctx.core.files import atomic_dir
+    from longctx.init.presets import PRESET_DTYPES, model_config, parameter_count
+    from longctx.models.gated_qwen3 import causal_lm_class
+
+    s.check_inputs()
+    out = Path(s.output)
+    dtype = s.dtype or PRESET_DTYPES[s.preset]
+    check_output_dir(out, [] if s.tokenizer in TOKENIZER_CHOICES else [Path(s.tokenizer)], s.overwrite)
+    overrides = dict(s.config)
+    if s.tie_embeddings is not None:
+        overrides["tie_word_embeddings"] = s.tie_embeddings
+    with atomic_dir(out) as tmp:
+        tok = _write_tokenizer(s, tmp)
+        ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
+        config = model_config(s.preset, s.attention, len(tok), s.match_params, **{**ids, **overrides})
+        baseline_params = parameter_count(model_config(s.preset, "baseline", len(tok), **{**ids, **overrides}))
+        torch.manual_seed(s.seed)
+        model = causal_lm_class(config)._from_config(config, dtype=getattr(torch, dtype)).eval()
+        if not config.tie_word_embeddings:
+            # Untied, the output matrix starts as a copy of the input embedding: the model begins as the tied
+            # one it replaces, so untying changes only how training moves the two matrices, not the start.
+            with torch.no_grad():
+                model.get_output_embeddings().weight.copy_(model.get_input_embeddings().weight)
+        params = sum(p.numel() for p in model.parameters())
+        model.save_pretrained(tmp, max_shard_size="5GB")
+        GenerationConfig(**ids).save_pretrained(tmp)
+        args = {"preset": s.preset, "attention": s.attention, "tokenizer": s.tokenizer, "match_params": s.match_params,
+                "seed": s.seed, "dtype": dtype, **({"bpe_vocab_size": s.vocab_size} if s.tokenizer == "bpe" else {}),
+                **overrides}
+        write_provenance(tmp, "init", args, None)
+    return InitResult(out, config.architectures[0], s.attention, s.preset, dtype, params, baseline_params,
+                      config.intermediate_size, config.vocab_size)

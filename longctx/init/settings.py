@@ -1,0 +1,68 @@
+"""The settings of `longctx init` (and of a recipe's `models.<name>.init`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from longctx.checkpoint.directory import is_tokenizer_file
+from longctx.core.errors import ref
+from longctx.core.kinds import Bool, Choice, Int, LocalPath, Overrides, Text
+from longctx.core.settings import REQUIRED, Settings, setting
+from longctx.init.presets import PRESETS
+from longctx.models.variants import VARIANTS
+
+TOKENIZER_CHOICES = ("reference", "bpe")  # or a local tokenizer directory
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class TokenizerSpec(Text):
+    """reference, bpe, or a directory holding tokenizer files."""
+
+    metavar = "TOKENIZER"
+    words = "reference, bpe or a tokenizer directory"
+
+    def resolve(self, value, base):
+        return value if value in TOKENIZER_CHOICES else LocalPath().resolve(value, base)
+
+
+@dataclass(frozen=True)
+class InitSettings(Settings):
+    output: str | None = setting(None, LocalPath(), "Checkpoint directory to write.", cli="argument",
+                                 recipe=False, cli_required=True)
+    preset: str = setting(REQUIRED, Choice(PRESETS, "preset"), "Model shape: tiny (seconds on CPU) or paper-1.7b.")
+    attention: str = setting(REQUIRED, Choice(VARIANTS, "attention variant"),
+                             "baseline (plain Qwen3), elementwise or headwise (the paper's G1 output gate).")
+    tokenizer: str = setting("reference", TokenizerSpec(),
+                             "reference (Mistral v1 32k SentencePiece from mistral_common), bpe (train a small "
+                             "byte-level BPE now, one token per digit), or a local tokenizer directory.")
+    vocab_size: int = setting(4096, Int(minimum=260), "Vocabulary of the BPE trained by --tokenizer bpe.")
+    bpe_corpus: str | None = setting(None, LocalPath(), "Text file to train --tokenizer bpe on [default: built-in "
+                                                       "word-list corpus].")
+    match_params: bool = setting(False, Bool(), "Shrink a gated model's FFN so its size equals the baseline's.")
+    dtype: str | None = setting(None, Choice(DTYPES, "dtype"),
+                                "Weights dtype [default: float32 for tiny, bfloat16 for paper-1.7b].")
+    seed: int = setting(0, Int(), "Random seed of the initialisation.")
+    tie_embeddings: bool | None = setting(None, Bool(), "Tie the output layer to the input embedding or give it "
+                                                        "its own matrix [default: the preset's, tied].",
+                                          flag="--tie-embeddings/--untie-embeddings")
+    config: dict[str, Any] = setting({}, Overrides(), "Config keys to set on top of the preset (repeatable), e.g. "
+                                                      "max_position_embeddings=256.")
+    overwrite: bool = setting(False, Bool(), "Replace OUT if it exists.", recipe=False)
+
+    def check(self) -> None:
+        if self.match_params and self.attention == "baseline":
+            raise self.error(f"{ref('match_params')} shrinks a gated model to the baseline's size; it has no meaning "
+                             f"for {ref('attention')} baseline")
+
+    def check_inputs(self) -> None:
+        if self.tokenizer not in TOKENIZER_CHOICES:
+            if not Path(self.tokenizer).is_dir():
+                raise self.error(f"{ref('tokenizer')} '{self.tokenizer}' is neither {' nor '.join(TOKENIZER_CHOICES)} "
+                                 "nor an existing tokenizer directory")
+            if not any(is_tokenizer_file(p) for p in Path(self.tokenizer).iterdir()):
+                raise self.error(f"{ref('tokenizer')} '{self.tokenizer}' holds no tokenizer files (tokenizer.json / "
+                                 "tokenizer_config.json)")
+        if self.bpe_corpus is not None and not Path(self.bpe_corpus).is_file():
+            raise self.error(f"{ref('bpe_corpus')} '{self.bpe_corpus}' is not a file")

@@ -1,0 +1,315 @@
+"""`longctx run RECIPE`: a YAML recipe names the models to compare and the stages to run on each.
+
+    longctx run recipes/tiny-cpu.yaml [-o runs/tiny-cpu] [--from extend] [--dry-run]
+
+Stages, in order, for every model: the model itself (`init` a fresh checkpoint, `convert` a released
+one, or a local `checkpoint`), `pretrain`, `extend`, `yarn`, `ruler`, `sinks`; then `compare` across
+models. Each stage directory holds a `stage.json` marker with a hash of the stage's settings and its
+inputs' fingerprints. A stage whose marker matches and is complete is skipped, one that was interrupted
+resumes, and a changed setting (or a changed input) reruns that stage and every later one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from longctx.core.clock import utc_timestamp
+from longctx.core.errors import InputError, SettingError
+from longctx.core.files import write_json
+from longctx.core.hashing import hash_json
+from longctx.core.kinds import Bool, Choice, LocalPath, did_you_mean
+from longctx.core.settings import REQUIRED, Settings, setting
+from longctx.recipe.load import Recipe, load_recipe
+from longctx.recipe.plan import Step, launch_command, machine_rank, plan
+from longctx.recipe.sections import MODEL_STAGES, STAGE_SECTIONS
+
+# What `--from` accepts: the model sources that are stages of their own, then the stages in order.
+FROM_STAGES = ("init", "convert", *MODEL_STAGES, "compare")
+MARKER = "stage.json"
+
+
+@dataclass(frozen=True)
+class RunSettings(Settings):
+    recipe: str = setting(REQUIRED, LocalPath(), "Recipe to run (recipes/*.yaml).", cli="argument")
+    output: str | None = setting(None, LocalPath(), "Output folder [default: runs/<recipe name>].", short="-o")
+    from_stage: str | None = setting(None, Choice(FROM_STAGES, "stage"), "Rerun from this stage on; the stages "
+                                                                         "before it must have run.", flag="--from")
+    dry_run: bool = setting(False, Bool(), "Print the plan (settings, outputs, run/skip, launch lines); run nothing.")
+
+
+# --- stage markers ---------------------------------------------------------------------------------
+
+
+def _read_marker(d: Path) -> dict[str, Any] | None:
+    try:
+        m = json.loads((d / MARKER).read_text(encoding="utf-8"))
+        return m if isinstance(m, dict) else None
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _input_fingerprint(path: Path) -> str:
+    """A checkpoint's fingerprint; for a RULER run directory, a hash of its result files."""
+    from longctx.checkpoint.directory import fingerprint
+
+    if (path / "config.json").is_file():
+        return fingerprint(path)
+    h = hashlib.sha256()
+    for name in ("results.json", "sinks.json", "train_log.jsonl"):
+        if (path / name).is_file():
+            h.update(name.encode() + b"\0" + (path / name).read_bytes())
+    return h.hexdigest()
+
+
+def stage_key(step: Step) -> str:
+    inputs = [_input_fingerprint(p) for p in step.inputs]
+    if step.stage == "compare":  # its loss table reads the training logs
+        inputs += [_input_fingerprint(Path(p)) for p in step.settings["train_logs"] if Path(p).is_dir()]
+    return hash_json({"stage": step.stage, "settings": step.settings, "inputs": inputs})
+
+
+def _decide(step: Step, forced: str | None) -> None:
+    """Set step.status: run (fresh), resume (same settings, interrupted) or skip (up to date)."""
+    if forced:
+        step.status, step.reason = "run", forced
+        return
+    marker = _read_marker(step.dir)
+    if marker is None:
+        step.status, step.reason = "run", "not run yet"
+        return
+    if not all(p.exists() for p in step.inputs):
+        step.status, step.reason = "run", "its input is missing"
+        return
+    if marker.get("key") != stage_key(step):
+        step.status, step.reason = "run", "settings or inputs changed"
+    elif not marker.get("complete"):
+        step.status, step.reason = "resume", "interrupted"
+    elif not all(p.exists() for p in step.outputs):
+        step.status, step.reason = "run", "outputs missing"
+    else:
+        step.status, step.reason = "skip", "up to date"
+
+
+def _forced(s: Step, from_stage: str | None, ran: set[str | None]) -> str | None:
+    """Why `s` must run whatever its marker says: --from reached it, or an earlier stage of its model ran
+    (compare: of any model)."""
+    if from_stage and FROM_STAGES.index(s.stage) >= FROM_STAGES.index(from_stage):
+        return f"--from {from_stage}"
+    if s.model in ran or (s.stage == "compare" and ran):
+        return f"an earlier stage of {s.model or 'a model'} runs"
+    return None
+
+
+# --- running stages ----------------------------------------------------------------------------------
+
+
+def _run_train(recipe: Recipe, step: Step, resume: bool, log: Callable[[str], None]) -> None:
+    job = dataclasses.replace(step.jobs[0], resume=resume)
+    if recipe.launcher.num_processes > 1:
+        shown, cmd = launch_command(recipe, job)
+        log(f"$ {shlex.join(shown)}")
+        rc = subprocess.run(cmd).returncode
+        if rc != 0:
+            raise RuntimeError(f"{step.label}: the launched training exited with code {rc}")
+        return
+    from longctx.extend.loop import extend
+
+    extend(job)
+
+
+def _run_ruler(step: Step, log: Callable[[str], None]) -> None:
+    from longctx.eval.runner import run_ruler
+    from longctx.report.run import write_report
+
+    for job in step.jobs:
+        log(f"ruler {Path(job.output).name}: lengths {', '.join(map(str, job.lengths))}")
+        run_ruler(job, log=log)
+        log(write_report(job.output, plot=job.plot).markdown.split("\n\n")[0])
+
+
+def _run_sinks(step: Step, log: Callable[[str], None]) -> None:
+    from longctx.report.sinks import write_sinks_report
+    from longctx.sinks.measure import measure_sinks
+
+    ruler_dir = step.dir.parent / "ruler"
+    for job in step.jobs:
+        outcome = measure_sinks(job, log=log)
+        log(write_sinks_report(job.output, plot=job.plot).markdown.split("\n\n")[0])
+        # `longctx compare` shows sink columns for RULER runs that hold a sinks.json
+        run_dir = ruler_dir / Path(job.output).name
+        if (run_dir / "results.json").is_file():
+            shutil.copy2(outcome.file, run_dir / "sinks.json")
+
+
+def comparison_text(compare_dir: Path) -> str:
+    """What a run ends by printing: the comparison table, and the training losses when there was training."""
+    text = (compare_dir / "compare.md").read_text(encoding="utf-8").rstrip()
+    if (compare_dir / "loss.md").is_file():
+        text += "\n\nTraining loss:\n\n" + (compare_dir / "loss.md").read_text(encoding="utf-8").rstrip()
+    return text
+
+
+def _run_compare(step: Step, log: Callable[[str], None]) -> str:
+    from longctx.report.compare import compare
+    from longctx.report.loss import training_curves
+
+    compare(step.jobs[0])
+    for note in training_curves([Path(p) for p in step.settings["train_logs"]], step.outputs[0])[2]:
+        log(f"note: {note}")
+    return comparison_text(step.outputs[0])
+
+
+def _execute(recipe: Recipe, step: Step, log: Callable[[str], None]) -> str | None:
+    if step.stage == "init":
+        from longctx.init.checkpoint import init_checkpoint
+
+        init_checkpoint(step.jobs[0])
+    elif step.stage == "convert":
+        from longctx.convert.official import convert_checkpoint
+
+        convert_checkpoint(step.jobs[0])
+    elif step.stage in ("pretrain", "extend"):
+        _run_train(recipe, step, step.status == "resume", log)
+    elif step.stage == "yarn":
+        from longctx.yarn.scaling import yarn_checkpoint
+
+        yarn_checkpoint(step.jobs[0])
+    elif step.stage == "ruler":
+        _run_ruler(step, log)
+    elif step.stage == "sinks":
+        _run_sinks(step, log)
+    elif step.stage == "compare":
+        return _run_compare(step, log)
+    return None
+
+
+def _in_recipe(recipe: Recipe, step: Step, e: SettingError) -> InputError:
+    """A setting error raised while a stage runs, named as the recipe wrote it."""
+    cls = STAGE_SECTIONS.get(step.stage)
+    name = (lambda n: f"{step.stage}.{cls.key(n)}") if cls is not None else (lambda n: n)
+    return InputError(f"{recipe.path}: {step.label}: {e.render(name)}")
+
+
+# --- the run --------------------------------------------------------------------------------------
+
+
+def _describe(step: Step) -> str:
+    """The step's settings that differ from the verb's defaults (plus the plan's own keys)."""
+    cls = type(step.jobs[0]) if step.jobs else None
+    names = {f.name for f, _ in cls.specs()} if cls is not None else set()
+    shown = {k: v for k, v in step.settings.items()
+             if k != "train_logs" and not (k in names and v == cls.default(k))}
+    return " ".join(f"{k}={json.dumps(v, default=str)}" for k, v in shown.items())
+
+
+@dataclass(frozen=True)
+class RecipeResult:
+    out: Path
+    steps: list[Step]  # with their status (run, resume, skip) and reason
+    comparison: str | None  # the final table (None for a dry run)
+
+
+def _check_from(recipe: Recipe, steps: list[Step], from_stage: str | None) -> None:
+    if from_stage is None:
+        return
+    if from_stage not in FROM_STAGES:
+        raise InputError(f"--from {from_stage}: unknown stage{did_you_mean(from_stage, FROM_STAGES)} "
+                         f"(stages: {', '.join(FROM_STAGES)})")
+    present = {s.stage for s in steps}
+    if from_stage not in present:
+        raise InputError(f"--from {from_stage}: {recipe.path} has no {from_stage} stage "
+                         f"(its stages: {', '.join(dict.fromkeys(s.stage for s in steps))})")
+    for s in steps:
+        missing = [p for p in s.inputs if not p.exists()] if s.stage == from_stage else []
+        if missing:
+            raise InputError(f"--from {from_stage}: its input {missing[0]} ({s.label}) does not exist; "
+                             "run the earlier stages first (without --from)")
+
+
+def _dry_run(steps: list[Step], from_stage: str | None, log: Callable[[str], None]) -> None:
+    ran: set[str | None] = set()
+    for s in steps:
+        _decide(s, _forced(s, from_stage, ran))
+        if s.status != "skip":
+            ran.add(s.model)
+        log(f"{s.status:<6} {s.label}: {s.reason}")
+        log(f"       settings: {_describe(s)}")
+        log(f"       output:   {', '.join(map(str, s.outputs))}")
+        if s.launch:
+            log(f"       launch:   {shlex.join(s.launch)}")
+
+
+def _run_steps(recipe: Recipe, steps: list[Step], from_stage: str | None, log: Callable[[str], None]) -> str | None:
+    comparison = None
+    ran: set[str | None] = set()
+    rank = machine_rank(recipe)
+    for s in steps:
+        if rank != 0:  # the other machines only join the multi-process training runs of machine rank 0
+            if s.launch is not None:
+                log(f"machine rank {rank}: {s.label}")
+                _run_train(recipe, s, False, log)
+            continue
+        _decide(s, _forced(s, from_stage, ran))
+        if s.status == "skip":
+            log(f"skip {s.label}: up to date")
+            if s.stage == "compare":
+                comparison = comparison_text(s.outputs[0])
+            continue
+        ran.add(s.model)
+        missing = [p for p in s.inputs if not p.exists()]
+        if missing:
+            raise InputError(f"{s.label}: input {missing[0]} does not exist")
+        log(f"{s.status} {s.label} ({s.reason}) -> {s.dir}")
+        if s.status == "run" and s.dir.exists():
+            shutil.rmtree(s.dir)
+        s.dir.mkdir(parents=True, exist_ok=True)
+        marker = {"stage": s.stage, "model": s.model, "key": stage_key(s), "settings": s.settings,
+                  "inputs": [str(p) for p in s.inputs], "outputs": [str(p) for p in s.outputs], "complete": False,
+                  "started": utc_timestamp()}
+        write_json(s.dir / MARKER, marker)
+        t = time.time()
+        try:
+            text = _execute(recipe, s, log)
+        except SettingError as e:
+            raise _in_recipe(recipe, s, e) from None
+        write_json(s.dir / MARKER, {**marker, "complete": True, "seconds": round(time.time() - t, 1)})
+        if text is not None:
+            comparison = text
+    return comparison
+
+
+def run_recipe(path: str | os.PathLike, out_dir: str | os.PathLike | None = None, from_stage: str | None = None,
+               dry_run: bool = False, log: Callable[[str], None] = print) -> RecipeResult:
+    """Run (or with dry_run, only plan) a recipe into `out_dir` [default: runs/<recipe name>]."""
+    recipe = load_recipe(path)
+    out = Path(out_dir) if out_dir is not None else Path("runs") / Path(path).stem
+    steps = plan(recipe, out)
+    _check_from(recipe, steps, from_stage)
+    for s in steps:
+        if s.dir.exists() and _read_marker(s.dir) is None and any(s.dir.iterdir()):
+            raise InputError(f"'{s.dir}' exists and was not written by 'longctx run'; choose another -o")
+    log(f"recipe {recipe.path}: {len(recipe.models)} models ({', '.join(m.name for m in recipe.models)}), "
+        f"stages {', '.join(dict.fromkeys(s.stage for s in steps))}; output {out}")
+    if dry_run:
+        _dry_run(steps, from_stage, log)
+        return RecipeResult(out, steps, None)
+    t0 = time.time()
+    comparison = _run_steps(recipe, steps, from_stage, log)
+    if comparison:
+        log("")
+        log(comparison)
+    log(f"\ndone in {time.time() - t0:.0f} s; files in {out}:")
+    for s in steps:
+        log(f"  {s.label:<24} {', '.join(map(str, s.outputs))}")
+    return RecipeResult(out, steps, comparison)

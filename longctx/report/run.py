@@ -1,0 +1,47 @@
+"""The report files of one RULER run directory: `scores.json` -> results.json, results.md, results.csv,
+results.png. Reads files only; never runs a model."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from longctx.core.errors import InputError
+from longctx.core.files import write_atomic, write_json
+from longctx.report.plots import plot_results
+from longctx.report.results import RESULTS_FILE, SCORES_FILE, Results, build_results, to_json
+from longctx.report.tables import summary_markdown, task_csv, task_markdown
+
+
+@dataclass
+class Report:
+    results: Results
+    files: list[Path] = field(default_factory=list)
+    markdown: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def write_report(run_dir: str | os.PathLike, plot: bool = True) -> Report:
+    """Turn `run_dir/scores.json` into results.json, results.md, results.csv and results.png."""
+    run = Path(run_dir)
+    try:
+        scores_doc = json.loads((run / SCORES_FILE).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(f"'{run}' has no readable {SCORES_FILE} ({e.__class__.__name__}); "
+                         "run 'longctx ruler' first") from None
+    results = build_results(scores_doc)
+    rep = Report(results)
+    write_json(run / RESULTS_FILE, to_json(results))
+    rep.markdown = summary_markdown([results]) + "\n\n" + task_markdown(results)
+    write_atomic(run / "results.md", rep.markdown + "\n")
+    write_atomic(run / "results.csv", task_csv(results))
+    rep.files += [run / RESULTS_FILE, run / "results.md", run / "results.csv"]
+    if plot:
+        try:
+            plot_results(results, run / "results.png")
+            rep.files.append(run / "results.png")
+        except InputError as e:
+            rep.notes.append(f"no plot: {e}")
+    return rep

@@ -1,0 +1,140 @@
+"""Tables and plots of `sinks.json` files: the paper's Table 4 layout, per-layer tables, the by-layer plot,
+and the sink columns `compare` adds to RULER runs. Reads files only."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from longctx.core.errors import InputError
+from longctx.core.files import write_atomic
+from longctx.report.plots import new_figure, save_figure
+from longctx.report.tables import markdown_row
+from longctx.sinks.schema import SINKS_FILE, SinksResults, load_sinks
+
+
+def _num(v: float | None, digits: int = 3) -> str:
+    return "no gate" if v is None else f"{v:.{digits}f}"
+
+
+def _m_act(v: float) -> str:
+    """Whole numbers as the paper prints M-Act (1053, 94); 3 significant digits below 10 (tiny models)."""
+    return f"{v:.0f}" if abs(v) >= 10 else f"{v:.3g}"
+
+
+SUMMARY_COLUMNS = ["Model", "First-token attn", "M-Act", "Gate mean", "Gate median", "Gate <0.1", "Gate <0.5"]
+
+
+def sinks_markdown(runs: Sequence[SinksResults], names: Sequence[str] | None = None) -> str:
+    """The paper's Table 4 shape: a row per checkpoint, averages over layers."""
+    names = names or [r["model"].get("name", "?") for r in runs]
+    lines = [markdown_row(SUMMARY_COLUMNS), markdown_row(["---"] * len(SUMMARY_COLUMNS))]
+    for name, r in zip(names, runs):
+        a = r["averages"]
+        lines.append(markdown_row([name, _num(a["first_token_attention"]), _m_act(a["m_act"]),
+                                   *[_num(a[f"gate_{k}"]) for k in ("mean", "median", "below_0_1", "below_0_5")]]))
+    return "\n".join(lines)
+
+
+def layer_markdown(r: SinksResults) -> str:
+    """Per layer: first-token attention, M-Act (mean and max over windows), gate stats; then, for a gated
+    model, the gate mean per head."""
+    g = r["gate"]
+    head = ["Layer", "First-token attn", "M-Act", "M-Act (max)", "Gate mean", "Gate median", "Gate <0.1", "Gate <0.5"]
+    lines = [markdown_row(head), markdown_row(["---"] * len(head))]
+    for i in range(r["layers"]):
+        gate = [_num(g[k][i]) if g else "no gate" for k in ("mean", "median", "below_0_1", "below_0_5")]
+        lines.append(markdown_row([str(i), _num(r["first_token_attention"][i]), _m_act(r["m_act"][i]),
+                                   _m_act(r["m_act_max"][i]), *gate]))
+    if g:
+        heads = [f"h{h}" for h in range(r["heads"])]
+        lines += ["", f"Gate mean per head ({g['variant']}):", "", markdown_row(["Layer", *heads]),
+                  markdown_row(["---"] * (len(heads) + 1))]
+        lines += [markdown_row([str(i), *map(_num, row)]) for i, row in enumerate(g["per_head"]["mean"])]
+    s = r["settings"]
+    lines += ["", f"{s['windows']} window(s) of {s['length']} tokens from {s['data']}"
+                  f"{' (BOS first)' if s['bos'] else ''}; first-token attention excludes query position 0."]
+    return "\n".join(lines)
+
+
+def plot_sinks(runs: Sequence[SinksResults | str | os.PathLike], out: str | os.PathLike,
+               names: Sequence[str] | None = None) -> Path:
+    """Two panels, one line per checkpoint: first-token attention by layer, M-Act by layer (log scale).
+    `runs` are results or sinks.json paths (or their directories)."""
+    docs = [r if isinstance(r, dict) else load_sinks(r) for r in runs]
+    names = names or [d["model"].get("name", "?") for d in docs]
+    fig, (ax1, ax2) = new_figure(ncols=2, size=(10, 4))
+    for name, d in zip(names, docs):
+        layers = list(range(d["layers"]))
+        ax1.plot(layers, d["first_token_attention"], marker="o", markersize=3, label=name)
+        ax2.plot(layers, d["m_act"], marker="o", markersize=3, label=name)
+    ax1.set_ylim(0, 1)
+    ax1.set_ylabel("attention on token 0")
+    ax1.set_title("First-token attention")
+    ax2.set_yscale("log")
+    ax2.set_ylabel("max |hidden state|")
+    ax2.set_title("Massive activations (M-Act)")
+    for ax in (ax1, ax2):
+        ax.set_xlabel("layer")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return save_figure(fig, out)
+
+
+COMPARE_COLUMNS = ["First-token attn", "M-Act", "Gate mean"]
+
+
+def sinks_for_runs(runs: Sequence[dict], dirs: Sequence[Path], extra: Sequence[str | os.PathLike] = ()
+                   ) -> tuple[list[SinksResults | None], list[str]]:
+    """The sinks results of each RULER run's checkpoint, matched by model fingerprint: `<run_dir>/sinks.json`
+    or one of `extra` (sinks.json files or directories holding one). Returns (per run: results or None, notes)."""
+    notes: list[str] = []
+    by_fp: dict[str, SinksResults] = {}
+    for path in extra:
+        doc = load_sinks(path)
+        by_fp[doc["model"].get("fingerprint")] = doc
+    found: list[SinksResults | None] = []
+    for run, d in zip(runs, dirs):
+        fp = run["model"].get("fingerprint")
+        doc = by_fp.get(fp)
+        if doc is None and (Path(d) / SINKS_FILE).is_file():
+            doc = load_sinks(d)
+            if doc["model"].get("fingerprint") != fp:
+                notes.append(f"{Path(d) / SINKS_FILE} is for another checkpoint than the run; ignored")
+                doc = None
+        found.append(doc)
+    return found, notes
+
+
+def compare_cells(doc: SinksResults | None) -> list[str]:
+    """The COMPARE_COLUMNS cells of one run: '-' without sinks results, 'no gate' for a baseline."""
+    if doc is None:
+        return ["-"] * len(COMPARE_COLUMNS)
+    a = doc["averages"]
+    return [_num(a["first_token_attention"]), _m_act(a["m_act"]), _num(a["gate_mean"])]
+
+
+@dataclass
+class SinksReport:
+    results: SinksResults
+    files: list[Path] = field(default_factory=list)
+    markdown: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def write_sinks_report(out_dir: str | os.PathLike, plot: bool = True) -> SinksReport:
+    """`out_dir/sinks.json` -> sinks.md (Table 4 layout, then per-layer tables) and sinks.png."""
+    out = Path(out_dir)
+    results = load_sinks(out)
+    rep = SinksReport(results, [out / SINKS_FILE])
+    rep.markdown = sinks_markdown([results]) + "\n\n" + layer_markdown(results)
+    write_atomic(out / "sinks.md", rep.markdown + "\n")
+    rep.files.append(out / "sinks.md")
+    if plot:
+        try:
+            rep.files.append(plot_sinks([results], out / "sinks.png"))
+        except InputError as e:
+            rep.notes.append(f"no plot: {e}")
+    return rep

@@ -1,0 +1,169 @@
+"""`longctx sinks CKPT -o DIR`: attention sinks, massive activations and gate sparsity into `DIR/sinks.json`.
+
+The paper's explanation for why gated models extend better (Qiu et al. 2025, §4.2-4.3): the sigmoid
+output gate makes attention sparse and query-dependent, which removes the attention sink on the first
+token and the massive activations of the residual stream that come with it. This measures that mechanism
+on held-out text, per layer and averaged over layers (the definitions travel in the file):
+
+- first-token attention (F-Attn): the attention probability on token 0, averaged over heads, query
+  positions 1..L-1 (position 0 is excluded: it can only attend to itself, so its value is always 1)
+  and windows;
+- M-Act: the largest |value| of a decoder layer's output hidden state (the residual stream leaving the
+  layer) over tokens and channels of one window, averaged over windows (the max over windows is kept
+  too); the average over layers is the number the paper's Table 4 reports;
+- gate scores (gated models only): mean, median and fraction below 0.1 and 0.5 of sigmoid(gate) over
+  tokens, dims and windows, per layer and per head; a baseline model has "no gate" (null in JSON).
+
+Long inputs never materialise an attention matrix (`longctx.sinks.attention`), so it runs at 32k tokens
+on a GPU and at several thousand on CPU.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from longctx.core.errors import InputError
+from longctx.sinks.schema import DEFINITIONS, SINKS_FILE, SINKS_FORMAT, SinksResults
+from longctx.sinks.settings import DEFAULT_MAX_LENGTH, SinksSettings
+
+
+@dataclass(frozen=True)
+class SinksOutcome:
+    results: SinksResults
+    file: Path  # sinks.json
+
+
+def default_data_spec() -> str:
+    from longctx.data.synthetic import KINDS
+
+    return f"synthetic:{KINDS[0]}"
+
+
+def token_windows(tokenizer, spec: str, windows: int, length: int, seed: int = 0) -> tuple[list[list[int]], bool]:
+    """`windows` windows of `length` token ids: the documents of `spec` tokenized and concatenated (EOS
+    between documents), cut into consecutive pieces, each behind the BOS the tokenizer adds (if any),
+    so token 0 is what the model sees first in ordinary use. Returns (windows, whether BOS leads them)."""
+    from longctx.checkpoint.tokenizer import special_tokens_added
+    from longctx.data.sources import iter_documents
+
+    bos = [tokenizer.bos_token_id] if special_tokens_added(tokenizer) and tokenizer.bos_token_id is not None else []
+    body = length - len(bos)
+    need = windows * body
+    stream: list[int] = []
+    for doc in iter_documents(spec, seed):
+        stream += tokenizer(doc, add_special_tokens=False).input_ids
+        if tokenizer.eos_token_id is not None:
+            stream.append(tokenizer.eos_token_id)
+        if len(stream) >= need:
+            break
+    if len(stream) < need:
+        raise InputError(f"data '{spec}' gave {len(stream)} tokens, fewer than the {need} needed for {windows} "
+                         f"window(s) of {length}{' after a BOS' if bos else ''}; give more text, or lower --tokens "
+                         "or --length")
+    return [bos + stream[w * body:(w + 1) * body] for w in range(windows)], bool(bos)
+
+
+def _load_model(ckpt: Path, dtype: str, device: str):
+    """The model with SDPA attention, refused unless its attention layers have what the hooks read."""
+    from longctx.checkpoint.load import load_model
+
+    model = load_model(ckpt, dtype=dtype, attn_implementation="sdpa")
+    layers = getattr(model.base_model, "layers", None)
+    attn = getattr(layers[0], "self_attn", None) if layers else None
+    if not all(hasattr(attn, a) for a in ("q_norm", "k_norm", "scaling", "config")):
+        raise InputError(f"'{ckpt}' is a {type(model).__name__}; longctx sinks reads Qwen3-architecture models "
+                         "(Qwen3 and the gated_qwen3 family)")
+    if any(layer.self_attn.sliding_window for layer in layers):
+        raise InputError(f"'{ckpt}' has sliding-window attention layers; longctx sinks needs full causal attention")
+    return model.to(device).eval()
+
+
+def _forward_all(model, windows: list[list[int]], batch_size: int, chunk: int | None, device: str, progress: bool):
+    """Run every window through the decoder with the collector's hooks; (collector, its summary)."""
+    import torch
+    from tqdm import tqdm
+
+    from longctx.sinks.attention import Collector
+
+    collector = Collector(model, chunk)
+    try:
+        bar = tqdm(total=len(windows), desc="sinks", unit="window", disable=not progress)
+        with torch.inference_mode():
+            for start in range(0, len(windows), batch_size):
+                ids = torch.tensor(windows[start:start + batch_size], device=device)
+                model.base_model(input_ids=ids, use_cache=False)  # no lm_head: 32k x vocab logits are not needed
+                bar.update(ids.shape[0])
+        bar.close()
+        return collector, collector.summary()
+    finally:
+        collector.close()
+
+
+def measure_sinks(s: SinksSettings, progress: bool = True, log: Callable[[str], None] = print) -> SinksOutcome:
+    """Measure first-token attention, M-Act and gate sparsity of `s.checkpoint` into `s.output/sinks.json`
+    (the folder is created if needed; other files there are left alone, so a RULER run directory works and
+    `longctx compare` then shows these columns).
+
+    Windows: ceil(tokens / length) of `length` tokens [default: the checkpoint's trained length, at most
+    4096; beyond the checkpoint's context length is an error that suggests `longctx yarn`]. dtype [default:
+    auto (the checkpoint's) on GPU, float32 on CPU]. Memory: the model's forward at batch_size x length with
+    SDPA, plus one layer's q and k in fp32 and the score chunk; never an L x L matrix.
+    """
+    import torch
+
+    from longctx.checkpoint.describe import model_info
+    from longctx.checkpoint.directory import checkpoint_dir, fingerprint, read_config, versions
+    from longctx.checkpoint.rope import check_context, read_rope
+    from longctx.checkpoint.tokenizer import load_tokenizer
+    from longctx.core.clock import utc_timestamp
+    from longctx.core.files import write_json
+
+    t0 = time.time()
+    s.check_inputs()
+    ckpt = checkpoint_dir(s.checkpoint)
+    rope = read_rope(read_config(ckpt))
+    out = Path(s.output)
+    if out.resolve() == ckpt.resolve():
+        raise InputError(f"output '{out}' is the checkpoint directory; choose another -o")
+    if out.exists() and not out.is_dir():
+        raise InputError(f"output '{out}' exists and is not a directory; choose another -o")
+    length = s.length or min(rope.trained_length or DEFAULT_MAX_LENGTH, DEFAULT_MAX_LENGTH)
+    check_context(ckpt, rope, length)
+    device = s.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = s.dtype or ("float32" if device == "cpu" else "auto")
+    n_windows = math.ceil(s.tokens / length)
+    tokenizer = load_tokenizer(ckpt)
+    spec = s.data or default_data_spec()
+    windows, bos = token_windows(tokenizer, spec, n_windows, length, s.seed)
+    fp = fingerprint(ckpt)
+    model = _load_model(ckpt, dtype, device)
+    model_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    log(f"{n_windows} window(s) of {length} tokens ({n_windows * length} tokens) from {spec}, on {device} in "
+        f"{model_dtype}")
+    t_loaded = time.time()
+    collector, stats = _forward_all(model, windows, s.batch_size, s.chunk, device, progress)
+    t_done = time.time()
+
+    gate_total = stats.pop("gate_total", None)
+    fta, m_act = stats["first_token_attention"], stats["m_act"]
+    results = SinksResults(
+        format=SINKS_FORMAT, model=model_info(ckpt, fp),
+        settings={"data": spec, "tokens": s.tokens, "windows": n_windows, "length": length,
+                  "tokens_used": n_windows * length, "bos": bos, "seed": s.seed, "batch_size": s.batch_size,
+                  "chunk": s.chunk, "dtype": model_dtype, "device": device, "attn_implementation": "sdpa"},
+        definitions=DEFINITIONS, layers=collector.n_layers, heads=collector.heads, kv_heads=collector.kv_heads,
+        **stats,
+        averages={"first_token_attention": sum(fta) / len(fta), "m_act": sum(m_act) / len(m_act),
+                  **{f"gate_{k}": (gate_total or {}).get(k) for k in ("mean", "median", "below_0_1", "below_0_5")}},
+        versions=versions(),
+        timings={"load_s": round(t_loaded - t0, 3), "forward_s": round(t_done - t_loaded, 3),
+                 "total_s": round(t_done - t0, 3), "tokens_per_s": round(n_windows * length / (t_done - t_loaded), 1)},
+        created=utc_timestamp(),
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / SINKS_FILE, results)
+    return SinksOutcome(results, out / SINKS_FILE)

@@ -1,0 +1,69 @@
+"""`sinks.json`: the results schema of `longctx sinks` (read by `longctx.report`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, TypedDict
+
+from longctx.checkpoint.describe import ModelInfo
+from longctx.core.errors import InputError
+from longctx.core.files import read_versioned_json
+
+SINKS_FORMAT = "longctx-sinks/1"
+SINKS_FILE = "sinks.json"
+GATE_BINS = 10_000  # histogram bins over [0, 1] for the gate median (error <= 1/GATE_BINS)
+
+DEFINITIONS = {
+    "first_token_attention": "mean attention probability on token 0 over heads, query positions 1..L-1 "
+                             "(position 0 excluded: it attends only to itself) and windows; per layer, "
+                             "and averaged over layers",
+    "m_act": "max |hidden state| of each decoder layer's output (the residual stream) over tokens and "
+             "channels of a window, averaged over windows (m_act_max: the max over windows); per layer, "
+             "and averaged over layers",
+    "gate": "sigmoid gate scores over tokens, dims and windows: mean, median (from a histogram of "
+            f"{GATE_BINS} bins over [0, 1]), fraction below 0.1 and below 0.5; per layer, per head, and over "
+            "all layers; null for a model without an output gate",
+}
+
+
+class GateStats(TypedDict):
+    variant: str  # elementwise | headwise
+    mean: list[float]  # per layer
+    median: list[float]
+    below_0_1: list[float]
+    below_0_5: list[float]
+    per_head: dict[str, list[list[float]]]  # stat name (as above) -> [layer][head]
+
+
+class SinksResults(TypedDict):
+    """`sinks.json`. Per-layer lists are indexed by layer (0 = closest to the embeddings)."""
+
+    format: str
+    model: ModelInfo
+    settings: dict[str, Any]  # data, tokens asked, windows, length, tokens used, BOS, batch, chunk, dtype, device
+    definitions: dict[str, str]
+    layers: int
+    heads: int
+    kv_heads: int
+    first_token_attention: list[float]
+    first_token_attention_per_head: list[list[float]]  # [layer][head]
+    m_act: list[float]
+    m_act_max: list[float]
+    gate: GateStats | None
+    # first_token_attention, m_act (means over layers); gate_mean, gate_median, gate_below_0_1,
+    # gate_below_0_5 over all layers (null without a gate)
+    averages: dict[str, float | None]
+    versions: dict[str, str | None]
+    timings: dict[str, float]
+    created: str
+
+
+def load_sinks(path: str | os.PathLike) -> SinksResults:
+    """A sinks.json (or the directory holding one), or InputError saying what is wrong."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / SINKS_FILE
+    if not p.is_file():
+        raise InputError(f"{p} does not exist; run 'longctx sinks CKPT -o DIR' first")
+    return read_versioned_json(p, SINKS_FORMAT, "sinks")  # type: ignore[return-value]

@@ -1,0 +1,31 @@
+"""The settings of `longctx yarn` (and of a recipe's `yarn` stage)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from longctx.core.kinds import Bool, Choice, Factor, Float, Length, LocalPath, Text
+from longctx.core.settings import REQUIRED, Settings, setting
+
+CONFIG_FORMATS = ("v5", "v4", "both")
+
+
+@dataclass(frozen=True)
+class YarnSettings(Settings):
+    checkpoint: str | None = setting(None, Text(), "Checkpoint to scale.", cli="argument", recipe=False,
+                                     cli_required=True)
+    factor: float = setting(REQUIRED, Factor(), "Context scaling factor, > 1 (4: 32k -> 128k).")
+    original_max_position_embeddings: int | None = setting(
+        None, Length(), "Length the model was trained at [default: the checkpoint's trained length].")
+    output: str | None = setting(None, LocalPath(), "Output directory [default: CHECKPOINT-yarn<factor>x].",
+                                 short="-o", recipe=False)
+    rescale: bool = setting(False, Bool(), "Re-scale a checkpoint that is already YaRN-scaled.")
+    overwrite: bool = setting(False, Bool(), "Replace the output directory if it exists.", recipe=False)
+    beta_fast: float | None = setting(None, Float(0, low_open=True, words="a number > 0"),
+                                      "YaRN beta_fast (written only when given; engines default to 32).")
+    beta_slow: float | None = setting(None, Float(0, low_open=True, words="a number > 0"),
+                                      "YaRN beta_slow (written only when given; engines default to 1).")
+    truncate: bool | None = setting(None, Bool(), "Round the ramp bounds (written only when given).",
+                                    flag="--truncate/--no-truncate")
+    config_format: str = setting("v5", Choice(CONFIG_FORMATS, "config format"),
+                                 "v5: rope_parameters (transformers 5); v4: rope_theta + rope_scaling; both.")
