@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from longctx.core.files import write_json
+from longctx.core.files import open_atomic, write_json
 from longctx.core.hashing import hash_json, sha256_file, tokenizer_fingerprint
 from ruler_tasks.constants import UPSTREAM_COMMIT
 from ruler_tasks.errors import RulerInputError
@@ -137,18 +137,15 @@ def _english_words(path) -> tuple[list | None, str | None]:
 
 
 def _write_task_file(path: Path, gen, samples: int, label: str, progress: bool) -> tuple[str, int, float | None]:
-    """Stream `gen`'s records to `path` (temp file, then rename); (sha256, samples, time of the first)."""
-    import tempfile
-
+    """Stream `gen`'s records to `path` atomically; (sha256, samples, time the first one came out)."""
     h = hashlib.sha256()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
     n, t_first, bar = 0, None, None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            if progress:
-                from tqdm import tqdm
+    if progress:
+        from tqdm import tqdm
 
-                bar = tqdm(total=samples, desc=label, unit="sample", leave=False)
+        bar = tqdm(total=samples, desc=label, unit="sample", leave=False)
+    try:
+        with open_atomic(path) as f:
             for rec in gen:
                 if t_first is None:
                     t_first = time.perf_counter()
@@ -158,13 +155,6 @@ def _write_task_file(path: Path, gen, samples: int, label: str, progress: bool) 
                 n += 1
                 if bar is not None:
                     bar.update(1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
     finally:
         if bar is not None:
             bar.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from longctx.checkpoint.directory import (checkpoint_dir, count_parameters, fingerprint, read_config,
                                           read_provenance)
@@ -51,23 +51,34 @@ def model_info(path: str | os.PathLike, fp: str | None = None) -> ModelInfo:
                      parent_fingerprint=parent)
 
 
-def describe(path: str | os.PathLike) -> dict[str, Any]:
-    """What `longctx info` shows: architecture, attention variant, RoPE, lengths, size, fingerprint."""
+@dataclass(frozen=True)
+class Description:
+    """What `longctx info` shows (`--json`: these fields, in this order)."""
+
+    checkpoint: str
+    architecture: str | None
+    model_type: str | None
+    attention: str
+    rope_type: str
+    rope_theta: int | float
+    rope_theta_from_default: bool
+    yarn_factor: float | None
+    original_max_position_embeddings: int | None
+    max_position_embeddings: int | None
+    context_length: int | None
+    parameters: int | None
+    fingerprint: str
+
+
+def describe(path: str | os.PathLike) -> Description:
+    """Architecture, attention variant, RoPE, lengths, size (from the weight headers) and fingerprint."""
     p = checkpoint_dir(path)
     cfg = read_config(p)
     rope = read_rope(cfg)
-    return {
-        "checkpoint": str(p),
-        "architecture": (cfg.get("architectures") or [None])[0],
-        "model_type": cfg.get("model_type"),
-        "attention": attention_label(attention_variant(cfg)),
-        "rope_type": rope.rope_type,
-        "rope_theta": rope.theta,
-        "rope_theta_from_default": rope.theta_is_default,
-        "yarn_factor": rope.factor if rope.rope_type == "yarn" else None,
-        "original_max_position_embeddings": rope.original_max_position_embeddings,
-        "max_position_embeddings": rope.max_position_embeddings,
-        "context_length": rope.context_length,
-        "parameters": count_parameters(Path(p)),
-        "fingerprint": fingerprint(p),
-    }
+    return Description(
+        checkpoint=str(p), architecture=(cfg.get("architectures") or [None])[0], model_type=cfg.get("model_type"),
+        attention=attention_label(attention_variant(cfg)), rope_type=rope.rope_type, rope_theta=rope.theta,
+        rope_theta_from_default=rope.theta_is_default, yarn_factor=rope.factor if rope.rope_type == "yarn" else None,
+        original_max_position_embeddings=rope.original_max_position_embeddings,
+        max_position_embeddings=rope.max_position_embeddings, context_length=rope.context_length,
+        parameters=count_parameters(Path(p)), fingerprint=fingerprint(p))

@@ -77,7 +77,8 @@ def read_rope(cfg: dict[str, Any]) -> RopeSettings:
     if isinstance(params, dict) and any(isinstance(v, dict) for v in params.values()):
         raise InputError(
             "this config has per-layer-type rope_parameters "
-            f"({', '.join(k for k, v in params.items() if isinstance(v, dict))}); longctx supports one RoPE for all layers"
+            f"({', '.join(k for k, v in params.items() if isinstance(v, dict))}); longctx supports one RoPE for "
+            "all layers"
         )
     if isinstance(legacy, dict) and legacy:
         rope, fmt = dict(legacy), "v4"

@@ -5,6 +5,7 @@ Bad input (a usage error, a bad setting, or a library `InputError`) prints one l
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -57,12 +58,21 @@ def cli():
     """
 
 
+def _echo_report(rep) -> None:
+    """A report's tables between blank lines, then its notes."""
+    click.echo("")
+    click.echo(rep.markdown)
+    click.echo("")
+    for note in rep.notes:
+        click.echo(f"note: {note}")
+
+
 def _info(s: InfoSettings) -> None:
     """Show a checkpoint's architecture, attention variant, RoPE setup, lengths, size and fingerprint."""
 
     from longctx.checkpoint.describe import describe
 
-    d = describe(s.checkpoint)
+    d = dataclasses.asdict(describe(s.checkpoint))
     if s.json:
         click.echo(json.dumps(d, indent=2))
         return
@@ -156,11 +166,7 @@ def _sinks(s: SinksSettings) -> None:
 
     measure_sinks(s, log=click.echo)
     rep = write_sinks_report(s.output, plot=s.plot)
-    click.echo("")
-    click.echo(rep.markdown)
-    click.echo("")
-    for note in rep.notes:
-        click.echo(f"note: {note}")
+    _echo_report(rep)
     click.echo(f"wrote {', '.join(str(p) for p in rep.files)}")
 
 
@@ -224,11 +230,7 @@ def _ruler_run(s: RulerRunSettings) -> None:
     click.echo(f"lengths: {', '.join(map(str, s.lengths))}")
     r = run_ruler(s, log=click.echo)
     rep = write_report(s.output, plot=s.plot)
-    click.echo("")
-    click.echo(rep.markdown)
-    click.echo("")
-    for note in rep.notes:
-        click.echo(f"note: {note}")
+    _echo_report(rep)
     t = r.timings
     click.echo(f"{t['new_predictions']} new predictions ({t['reused_predictions']} reused) in {t['generate_s']:.1f} s; "
                f"total {t['total_s']:.1f} s")

@@ -23,6 +23,7 @@ from typing import Any
 
 from longctx.convert.settings import ConvertSettings
 from longctx.core.errors import InputError
+from longctx.models.variants import attention_variant
 
 EXPECTED = ("expected the official gated-attention layout (QwQZh/gated_attention): config.json with model_type "
             "'qwen2' or 'qwen3' and the keys headwise_attn_output_gate and elementwise_attn_output_gate, and "
@@ -65,8 +66,7 @@ def _official_variant(src: Path, cfg: dict[str, Any]) -> str:
                          "elementwise_attn_output_gate; set at most one of them (neither = baseline)")
     if cfg.get("use_qk_norm", True) is False:
         raise InputError(f"'{src}/config.json' has use_qk_norm false; the Qwen3-based family always has QK-norm")
-    return "headwise" if cfg["headwise_attn_output_gate"] else "elementwise" if cfg["elementwise_attn_output_gate"] \
-        else "baseline"
+    return attention_variant(cfg)
 
 
 def _load_weights(src: Path) -> dict[str, Any]:
@@ -161,12 +161,13 @@ def _check_keys(state: dict[str, Any], config, src: Path) -> None:
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
-        parts = ([f"missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}"] if missing else []) + \
-                ([f"unexpected {', '.join(unexpected[:3])}{' ...' if len(unexpected) > 3 else ''}"] if unexpected else [])
+        parts = [f"{what} {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
+                 for what, names in (("missing", missing), ("unexpected", unexpected)) if names]
         raise _not_official(src, "; ".join(parts))
     for name, t in expected.items():
         if tuple(state[name].shape) != tuple(t.shape):
-            raise _not_official(src, f"{name} has shape {tuple(state[name].shape)}, the config implies {tuple(t.shape)}")
+            raise _not_official(src, f"{name} has shape {tuple(state[name].shape)}, the config implies "
+                                     f"{tuple(t.shape)}")
 
 
 @dataclass(frozen=True)

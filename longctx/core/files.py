@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 
 def cache_dir() -> Path:
@@ -39,13 +39,15 @@ def _umask() -> int:
     return mask
 
 
-def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
-    """Write `data` (text as UTF-8) to `path` atomically; the file gets ordinary permissions."""
+@contextlib.contextmanager
+def open_atomic(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
+    """A file to write (`mode` "w": UTF-8 text with "\n" line ends, "wb": bytes) that replaces `path` when
+    the block ends without error, and vanishes when it does not; the file gets ordinary permissions."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": "\n"})) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())
@@ -55,7 +57,13 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
             os.unlink(tmp)
         raise
     _fsync_dir(path.parent)
-    return path
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
+    """Write `data` (text as UTF-8) to `path` atomically."""
+    with open_atomic(path, "wb") as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+    return Path(path)
 
 
 def write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2) -> Path:
@@ -82,9 +90,10 @@ def read_versioned_json(path: Path, fmt: str, kind: str) -> dict:
 
 
 @contextlib.contextmanager
-def atomic_dir(out: str | os.PathLike) -> Iterator[Path]:
+def atomic_dir(out: str | os.PathLike, keep_existing: str | None = None) -> Iterator[Path]:
     """Yield a temporary directory beside `out`; on success its files are synced and it replaces `out`,
-    on error it vanishes."""
+    on error it vanishes. With `keep_existing` (a file that marks a finished directory), an `out` that
+    another process finished meanwhile is kept and ours dropped (caches several processes may build)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -98,7 +107,9 @@ def atomic_dir(out: str | os.PathLike) -> Iterator[Path]:
                 with open(f, "rb") as handle:
                     os.fsync(handle.fileno())
         _fsync_dir(tmp)
-        if out.exists():
+        if keep_existing is not None:
+            publish_dir(tmp, out, keep_existing)
+        elif out.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             out.rename(old / out.name)
             tmp.rename(out)

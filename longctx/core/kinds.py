@@ -142,32 +142,34 @@ class Float(Kind):
         return value
 
 
-class Number(Kind):
-    """A finite number > 0 such as a RoPE base: 1e6, 1_000_000 (an int when whole)."""
+class _Unit(Kind):
+    """A number in one of `longctx.core.units`' forms, parsed by `parser`."""
 
-    metavar = "NUMBER"
-
-    def parse(self, value):
-        if isinstance(value, bool):
-            raise KindError(f"must be a number > 0 (e.g. 1e6 or 1_000_000), got {value!r}")
-        try:
-            return units.parse_number(value)
-        except ValueError as e:
-            raise _invalid(e) from None
-
-
-class Count(Kind):
-    """A whole count > 0: 80B, 4M (x1024), 1e9."""
-
-    metavar = "COUNT"
+    parser = staticmethod(units.parse_number)
 
     def parse(self, value):
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise KindError(f"must be a count (e.g. 80B, 4M or 1e9), got {value!r}")
+            raise self.wrong(value)
         try:
-            return units.parse_count(value)
+            return self.parser(value)
         except ValueError as e:
             raise _invalid(e) from None
+
+
+class Number(_Unit):
+    """A finite number > 0 such as a RoPE base: 1e6, 1_000_000 (an int when whole)."""
+
+    metavar = "NUMBER"
+    words = "a number > 0 (e.g. 1e6 or 1_000_000)"
+    parser = staticmethod(units.parse_number)
+
+
+class Count(_Unit):
+    """A whole count > 0: 80B, 4M (x1024), 1e9."""
+
+    metavar = "COUNT"
+    words = "a count (e.g. 80B, 4M or 1e9)"
+    parser = staticmethod(units.parse_count)
 
 
 class Factor(Kind):

@@ -368,8 +368,8 @@ def _copy_line(rng: random.Random, longest: int) -> tuple[str, int]:
     """A line of 8..`longest` random letter strings and numbers, and its estimated token count.
 
     Random letters and digits, not words: a model that can learn to spell real words spends itself on
-    that; random strings leave nothing to learn but copying. They split into short pieces: about one token per two letters, one
-    per digit."""
+    that; random strings leave nothing to learn but copying. They split into short pieces: about one token
+    per two letters, one per digit."""
     items = []
     for _ in range(rng.randint(8, longest)):
         if rng.random() < NUMBER_SHARE:

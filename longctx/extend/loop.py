@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from longctx.core.errors import InputError
-from longctx.core.files import write_json
+from longctx.core.files import write_atomic, write_json
 from longctx.extend.output import LOG_FILE, write_output
 from longctx.extend.plan import Plan, check_parallelism, resolve_plan
 from longctx.extend.settings import ExtendSettings
@@ -275,7 +275,7 @@ def extend(s: ExtendSettings, progress: bool = True) -> ExtendResult:
         if acc.is_main_process:  # drop log lines of steps after the saved state (they will be redone)
             lines = (work / LOG_FILE).read_text().splitlines()
             kept = [ln for ln in lines if ln.strip() and json.loads(ln)["step"] <= start_step]
-            (work / LOG_FILE).write_text("".join(f"{ln}\n" for ln in kept))
+            write_atomic(work / LOG_FILE, "".join(f"{ln}\n" for ln in kept))
     elif s.resume:
         log(f"--resume: nothing saved in '{work}' yet; starting from step 0")
 

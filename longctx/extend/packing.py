@@ -30,11 +30,11 @@ import numpy as np
 import torch
 
 from longctx.core.errors import InputError
-from longctx.core.files import write_json
+from longctx.core.files import atomic_dir, write_json
 from longctx.core.hashing import hash_json
 from longctx.data.sources import check_data_specs
 from longctx.extend.loss import IGNORE_INDEX
-from longctx.extend.tokens import CACHE_VERSION, Pool, building_cache_dir, token_pool
+from longctx.extend.tokens import CACHE_VERSION, Pool, token_pool
 
 # Sequences kept open while packing: more fills gaps better, each costs a scan per piece.
 _OPEN_SEQUENCES = 16
@@ -190,7 +190,7 @@ def build_packed_dataset(specs: Sequence[str], tokenizer: Any, seq_len: int, *, 
         log(f"reusing packed sequences {plan_dir}")
         stats = json.loads((plan_dir / "meta.json").read_text())["stats"]
     else:
-        with building_cache_dir(plan_dir) as tmp:
+        with atomic_dir(plan_dir, keep_existing="meta.json") as tmp:
             stats = _write_plan(tmp, pools, seq_len, seed, num_tokens, short_fraction, log)
             write_json(tmp / "meta.json", {"version": CACHE_VERSION, "fingerprint": fingerprint, "stats": stats},
                        indent=1)

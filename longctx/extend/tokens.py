@@ -9,9 +9,9 @@ far as it can. The result is cached under `cache_dir`:
   tokens-<sources+tokenizer>-<budget>/   tokens.bin (uint16 when the vocabulary fits, else uint32),
                                          doc_offsets.npy (int64, documents + 1), doc_source.npy, meta.json
 
-Every cache directory is built in a `.tmp-*` directory beside it and renamed into place when complete,
-so a concurrent or interrupted build is never read (a killed build leaves a `.tmp-*` directory that can
-be deleted). A token cache is reused for any budget it covers: reading stops at the first document that
+Every cache directory is built in a hidden `.<name>.tmp-*` directory beside it and renamed into place
+when complete, so a concurrent or interrupted build is never read (a killed build leaves such a
+directory behind, which can be deleted). A token cache is reused for any budget it covers: reading stops at the first document that
 reaches the budget, so a smaller budget is a prefix of a larger one.
 """
 
@@ -20,8 +20,6 @@ from __future__ import annotations
 import array
 import contextlib
 import json
-import shutil
-import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -30,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from longctx.core.errors import InputError
-from longctx.core.files import publish_dir, write_json
+from longctx.core.files import atomic_dir, write_json
 from longctx.core.hashing import hash_json, tokenizer_fingerprint
 from longctx.data.sources import iter_documents, source_identity
 
@@ -76,19 +74,6 @@ class _TokenStream:
         tail = [] if self.eos is None else [self.eos]
         self.buffer.extend(np.array(x + tail, dtype=self.dtype) for x in ids)
         self.chars_per_token = max(1.0, chars / max(1, sum(len(x) for x in ids)))
-
-
-@contextlib.contextmanager
-def building_cache_dir(final: Path) -> Iterator[Path]:
-    """A temp dir beside `final`, renamed into place when the block ends (meta.json marks it complete)."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
-    try:
-        yield tmp
-        publish_dir(tmp, final, "meta.json")
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 class Pool:
@@ -144,7 +129,7 @@ def token_pool(specs: Sequence[str], tokenizer: Any, budget: int, *, seed: int, 
     total = 0
     from tqdm.auto import tqdm
 
-    with building_cache_dir(final) as tmp, open(tmp / "tokens.bin", "wb") as out, \
+    with atomic_dir(final, keep_existing="meta.json") as tmp, open(tmp / "tokens.bin", "wb") as out, \
             tqdm(total=budget, unit="tok", unit_scale=True, desc="tokenizing", disable=budget < 1 << 22) as bar:
         pending: list[np.ndarray] = []
         while total < budget:

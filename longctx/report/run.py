@@ -17,7 +17,9 @@ from longctx.report.tables import summary_markdown, task_csv, task_markdown
 
 @dataclass
 class Report:
-    results: Results
+    """What writing a report made: the results it read, the files it wrote, its Markdown, notes (no plot)."""
+
+    results: Results | dict
     files: list[Path] = field(default_factory=list)
     markdown: str = ""
     notes: list[str] = field(default_factory=list)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from longctx.core.errors import InputError
 from longctx.core.files import write_atomic
 from longctx.report.plots import new_figure, save_figure
+from longctx.report.run import Report
 from longctx.report.tables import markdown_row
 from longctx.sinks.schema import SINKS_FILE, SinksResults, load_sinks
 
@@ -116,19 +116,11 @@ def compare_cells(doc: SinksResults | None) -> list[str]:
     return [_num(a["first_token_attention"]), _m_act(a["m_act"]), _num(a["gate_mean"])]
 
 
-@dataclass
-class SinksReport:
-    results: SinksResults
-    files: list[Path] = field(default_factory=list)
-    markdown: str = ""
-    notes: list[str] = field(default_factory=list)
-
-
-def write_sinks_report(out_dir: str | os.PathLike, plot: bool = True) -> SinksReport:
+def write_sinks_report(out_dir: str | os.PathLike, plot: bool = True) -> Report:
     """`out_dir/sinks.json` -> sinks.md (Table 4 layout, then per-layer tables) and sinks.png."""
     out = Path(out_dir)
     results = load_sinks(out)
-    rep = SinksReport(results, [out / SINKS_FILE])
+    rep = Report(results, [out / SINKS_FILE])
     rep.markdown = sinks_markdown([results]) + "\n\n" + layer_markdown(results)
     write_atomic(out / "sinks.md", rep.markdown + "\n")
     rep.files.append(out / "sinks.md")

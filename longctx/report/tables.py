@@ -17,7 +17,8 @@ def markdown_row(cells: list[str]) -> str:
 
 
 def summary_markdown(runs: list[Results]) -> str:
-    """RULER README layout: Models | Claimed Length | Effective Length | lengths... | Avg. | wAvg. (inc) | wAvg. (dec)."""
+    """RULER README layout: Models | Claimed Length | Effective Length | lengths... | Avg. | wAvg. (inc) |
+    wAvg. (dec)."""
     lengths = sorted({L for r in runs for L in r["lengths"]})
     head = ["Models", "Claimed Length", "Effective Length", *map(length_label, lengths),
             "Avg.", "wAvg. (inc)", "wAvg. (dec)"]
