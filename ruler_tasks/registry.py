@@ -82,7 +82,7 @@ def get_task(name: str) -> TaskSpec:
 
 def resolve_tasks(tasks) -> list[TaskSpec]:
     """Task specs for names (a list, or a comma-separated string; None or 'all' = all 13)."""
-    if tasks is None or tasks == "all":
+    if tasks is None or tasks == "all" or (not isinstance(tasks, str) and list(tasks) == ["all"]):
         return [TASKS[n] for n in TASK_NAMES]
     if isinstance(tasks, str):
         tasks = [t for t in tasks.split(",")]

@@ -178,3 +178,8 @@ def test_library_values_parse_once_and_stay_parsed():
             s = cls(**sample)
             assert dataclasses.replace(s) == s and cls(**s.record()) == s
     assert ExtendSettings(**SAMPLES[ExtendSettings][1], rope_base="1e6").rope_base == 1000000
+
+
+def test_all_tasks_by_name():
+    s = RulerRunSettings(checkpoint="c", lengths="4k", output="o", tasks="all")
+    assert s.tasks == ["all"] and RulerRunSettings(checkpoint="c", lengths="4k", output="o").tasks is None

@@ -153,7 +153,10 @@ class _Unit(Kind):
         try:
             return self.parser(value)
         except ValueError as e:
-            raise _invalid(e) from None
+            raise self.invalid(e) from None
+
+    def invalid(self, e: ValueError) -> KindError:
+        return _invalid(e)
 
 
 class Number(_Unit):
@@ -172,21 +175,16 @@ class Count(_Unit):
     parser = staticmethod(units.parse_count)
 
 
-class Factor(Kind):
+class Factor(_Unit):
+    """A scaling factor > 1 (4 means 32k -> 128k)."""
+
     metavar = "FACTOR"
-
-    def parse(self, value):
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise self.wrong(value)
-        try:
-            number = float(value)
-        except ValueError:
-            raise KindError(f"is invalid: '{value}' is not a number (use e.g. 4 to go from 32k to 128k)") from None
-        if not math.isfinite(number) or number <= 1:
-            raise KindError(f"must be a number > 1, got '{value}' (e.g. 4 to go from 32k to 128k)")
-        return number
-
     words = "a number > 1 (e.g. 4)"
+    parser = staticmethod(units.parse_factor)
+
+    def invalid(self, e: ValueError) -> KindError:
+        text = str(e)  # "factor must be ..." reads as a predicate of the setting's name
+        return KindError(text.removeprefix("factor ")) if text.startswith("factor ") else _invalid(e)
 
 
 def _length_text(value: Any) -> str | None:

@@ -33,12 +33,16 @@ def parse_lengths(text: str) -> list[int]:
     return sorted(seen)
 
 
+def _float(text: str | float | int, example: str) -> float:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"'{text}' is not a number (use e.g. {example})") from None
+
+
 def parse_number(text: str | float | int) -> int | float:
     """'1e6', '1_000_000', '1000000' -> 1000000 (int when whole); finite and > 0, e.g. a RoPE base."""
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        raise ValueError(f"'{text}' is not a number (use e.g. 1e6, 1_000_000 or 1000000)") from None
+    value = _float(text, "1e6, 1_000_000 or 1000000")
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"'{text}' must be a finite number > 0 (e.g. 1e6)")
     return int(value) if value.is_integer() and abs(value) < 2**53 else value
@@ -69,10 +73,7 @@ def parse_count(text: str | int) -> int:
 
 def parse_factor(text: str | float | int) -> float:
     """A scaling factor: a float > 1 (4 means 32k -> 128k)."""
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        raise ValueError(f"'{text}' is not a number (use e.g. 4 to go from 32k to 128k)") from None
+    value = _float(text, "4 to go from 32k to 128k")
     if not math.isfinite(value) or value <= 1:
         raise ValueError(f"factor must be a number > 1, got '{text}' (e.g. 4 to go from 32k to 128k)")
     return value
