@@ -316,4 +316,3 @@ def make_backend(s: RulerRunSettings, checkpoint: str, max_model_len: int, engin
                        data_parallel_size=s.data_parallel_size or 1, dtype=s.dtype or "auto",
                        gpu_memory_utilization=s.gpu_memory_utilization, kv_cache_memory=s.kv_cache_memory,
                        enforce_eager=s.enforce_eager, llm=engine)
-
