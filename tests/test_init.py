@@ -142,6 +142,12 @@ def test_untie_embeddings_gives_the_output_layer_its_own_matrix(tmp_path, refere
      "--match-params shrinks a gated model"),
     (["init", "{root}/new", "--preset", "tiny", "--attention", "headwise", "--dtype", "int3"], "unknown dtype 'int3'"),
     (["init", "{root}/new", "--attention", "baseline"], "Missing option '--preset'"),
+    (["init", "{root}/new", "--preset", "tiny", "--attention", "baseline", "--config", "hidden_size=-3"],
+     "--config does not give a model (Trying to create tensor with negative dimension"),
+    (["init", "{root}/new", "--preset", "tiny", "--attention", "headwise", "--config", "num_attention_heads=\"x\""],
+     "--config does not give a model (TypeError: Field 'num_attention_heads' expected int"),
+    (["init", "{root}/new", "--preset", "tiny", "--attention", "baseline", "--config", "hidden_size"],
+     "--config is invalid: 'hidden_size' is not KEY=VALUE"),
 ])
 def test_init_bad_input_is_one_line_exit_2_nothing_written(args, message, tmp_path):
     root = tmp_path / "bad"

@@ -183,3 +183,17 @@ def test_library_values_parse_once_and_stay_parsed():
 def test_all_tasks_by_name():
     s = RulerRunSettings(checkpoint="c", lengths="4k", output="o", tasks="all")
     assert s.tasks == ["all"] and RulerRunSettings(checkpoint="c", lengths="4k", output="o").tasks is None
+
+
+def test_an_error_while_a_stage_runs_names_the_recipe_key(tmp_path):
+    """What only the verb can check (here: config keys transformers cannot build) is named as the recipe wrote it."""
+    from longctx.core.errors import InputError
+    from longctx.recipe.run import run_recipe
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"models": {"b": {"init": {"preset": "tiny", "attention": "baseline",
+                                                                "config": {"hidden_size": -3}}}},
+                                      "yarn": {"factor": 2}}))
+    with pytest.raises(InputError, match=r"r\.yaml: init for b: models\.b\.init\.config does not give a model"):
+        run_recipe(recipe, tmp_path / "out", log=lambda _: None)
+    assert not (tmp_path / "out" / "b" / "init" / "b-init").exists()

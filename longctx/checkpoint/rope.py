@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import copy
 import math
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from longctx.core.errors import InputError

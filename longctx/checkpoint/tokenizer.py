@@ -12,13 +12,19 @@ from typing import Any
 from longctx.core.errors import InputError
 
 
+def require_tokenizer_files(path: str | os.PathLike) -> None:
+    """InputError unless the checkpoint `path` holds tokenizer files (transformers would otherwise build an
+    empty tokenizer, or fail far from here)."""
+    if not any(Path(path).glob("tokenizer*")):
+        raise InputError(f"checkpoint '{path}' has no tokenizer files (tokenizer.json / tokenizer_config.json); "
+                         "copy the tokenizer of the model into it")
+
+
 def load_tokenizer(path: str | os.PathLike) -> Any:
     """The transformers tokenizer saved in `path`, or InputError when the checkpoint has none."""
     from transformers import AutoTokenizer
 
-    if not any(Path(path).glob("tokenizer*")):
-        raise InputError(f"'{path}' has no tokenizer files (tokenizer.json / tokenizer_config.json); copy the "
-                         "tokenizer of the model into it")
+    require_tokenizer_files(path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -31,19 +31,15 @@ def params(cls: type[Settings]) -> list[click.Parameter]:
             out.append(click.Argument([f.name], required=required, nargs=-1 if spec.kind.repeatable else 1,
                                       metavar=f.name.upper() + ("..." if spec.kind.repeatable else "")))
             continue
-        flag = spec.flag or "--" + f.name.replace("_", "-")
+        on, off = cls.option(f.name)
         decls = [f.name, *([spec.short] if spec.short else [])]
         text = _help(cls, f.name, spec.help)
         if isinstance(spec.kind, Bool):
-            if cls.default(f.name) is False and "/" not in flag:
-                out.append(click.Option([*decls, flag], is_flag=True, default=None, help=text))
-            else:
-                pair = flag if "/" in flag else f"{flag}/--no-{flag[2:]}"
-                out.append(click.Option([*decls, pair], default=None, help=text))
+            out.append(click.Option([*decls, f"{on}/{off}" if off else on], is_flag=True, default=None, help=text))
             continue
         # no `default=`: click then gives None (or () when repeatable) for an absent option, and still
         # enforces `required` (an explicit default=None turns that off)
-        out.append(click.Option([*decls, flag], required=required, multiple=spec.kind.repeatable,
+        out.append(click.Option([*decls, on], required=required, multiple=spec.kind.repeatable,
                                 metavar=spec.kind.metavar, help=text))
     return out
 

@@ -143,9 +143,7 @@ class Float(Kind):
 
 
 class _Unit(Kind):
-    """A number in one of `longctx.core.units`' forms, parsed by `parser`."""
-
-    parser = staticmethod(units.parse_number)
+    """A number in one of `longctx.core.units`' forms, parsed by the subclass's `parser`."""
 
     def parse(self, value):
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):

@@ -107,12 +107,19 @@ class Settings:
         return f.default
 
     @classmethod
+    def option(cls, name: str) -> tuple[str, str | None]:
+        """The option names of a setting: ('--seq-len', None), or a switch pair ('--plot', '--no-plot') for a
+        true/false setting whose default is not False (one that is False by default is a bare flag)."""
+        spec = cls.spec(name)
+        on, _, off = (spec.flag or "--" + name.replace("_", "-")).partition("/")
+        if not off and isinstance(spec.kind, Bool) and cls.default(name) is not False:
+            off = f"--no-{on[2:]}"
+        return on, off or None
+
+    @classmethod
     def flag(cls, name: str) -> str:
         """How the command line names a setting: '--seq-len', or the argument's name ('CHECKPOINT')."""
-        spec = cls.spec(name)
-        if spec.cli == "argument":
-            return name.upper()
-        return (spec.flag or "--" + name.replace("_", "-")).split("/")[0]
+        return name.upper() if cls.spec(name).cli == "argument" else cls.option(name)[0]
 
     @classmethod
     def key(cls, name: str) -> str:
@@ -139,13 +146,12 @@ class Settings:
                 continue
             if value == self.default(f.name):
                 continue
-            flag = spec.flag or "--" + f.name.replace("_", "-")
+            on, off = self.option(f.name)
             if isinstance(spec.kind, Bool):
-                on, _, off = flag.partition("/")
-                options.append(on if value else off or f"--no-{on[2:]}")
+                options.append(on if value else off)
             elif spec.kind.repeatable:
                 for item in spec.kind.to_cli(value):
-                    options += [flag, item]
+                    options += [on, item]
             else:
-                options += [flag, *spec.kind.to_cli(value)]
+                options += [on, *spec.kind.to_cli(value)]
         return args + options

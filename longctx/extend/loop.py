@@ -55,6 +55,7 @@ def _validate(s: ExtendSettings, world_size: int, cuda: bool) -> tuple[Path, dic
     written; returns (checkpoint dir, new config, notes)."""
     from longctx.checkpoint.directory import check_output_dir, checkpoint_dir, read_config
     from longctx.checkpoint.rope import read_rope, set_rope_base
+    from longctx.checkpoint.tokenizer import require_tokenizer_files
 
     if s.checkpoint is None or s.output is None:
         raise InputError("extend needs a checkpoint and an output directory")
@@ -67,9 +68,7 @@ def _validate(s: ExtendSettings, world_size: int, cuda: bool) -> tuple[Path, dic
     if s.rope_base is not None and s.rope_base == rope.theta:
         notes.append(f"the RoPE base is already {rope.theta}; training at the longer length with it unchanged")
     new_cfg, _ = set_rope_base(cfg, s.rope_base if s.rope_base is not None else rope.theta, s.seq_len)
-    if not any(ckpt.glob("tokenizer*")):
-        raise InputError(f"checkpoint '{ckpt}' has no tokenizer files (tokenizer.json / tokenizer_config.json); "
-                         "copy the tokenizer of the model into it")
+    require_tokenizer_files(ckpt)
     out = Path(s.output)
     check_output_dir(out, [ckpt], s.overwrite)
     work = work_dir(out)

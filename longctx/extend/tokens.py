@@ -11,8 +11,8 @@ far as it can. The result is cached under `cache_dir`:
 
 Every cache directory is built in a hidden `.<name>.tmp-*` directory beside it and renamed into place
 when complete, so a concurrent or interrupted build is never read (a killed build leaves such a
-directory behind, which can be deleted). A token cache is reused for any budget it covers: reading stops at the first document that
-reaches the budget, so a smaller budget is a prefix of a larger one.
+directory behind, which can be deleted). A token cache is reused for any budget it covers: reading
+stops at the first document that reaches the budget, so a smaller budget is a prefix of a larger one.
 """
 
 from __future__ import annotations

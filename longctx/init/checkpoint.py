@@ -43,6 +43,22 @@ def _write_tokenizer(s: InitSettings, out: Path):
     return load_tokenizer(out)
 
 
+def _check_config(s: InitSettings, overrides: dict) -> None:
+    """The preset with `s.config` on top must be a model transformers can build (on `meta`, before anything
+    is written); a value of the wrong type or shape is the user's, named as `config`."""
+    from huggingface_hub.errors import StrictDataclassError
+
+    from longctx.core.errors import ref
+    from longctx.init.presets import model_config, parameter_count
+
+    try:
+        parameter_count(model_config(s.preset, s.attention, 32000, s.match_params, **overrides))
+    except (ValueError, TypeError, RuntimeError, StrictDataclassError) as e:  # building on `meta` runs no kernels
+        text = str(e).strip().splitlines()
+        why = text[-1].strip() if text else type(e).__name__
+        raise s.error(f"{ref('config')} does not give a model ({why}); fix the value or drop the key") from None
+
+
 def init_checkpoint(s: InitSettings) -> InitResult:
     """Write the checkpoint `s` describes (validated before anything is written)."""
     import torch
@@ -60,6 +76,8 @@ def init_checkpoint(s: InitSettings) -> InitResult:
     overrides = dict(s.config)
     if s.tie_embeddings is not None:
         overrides["tie_word_embeddings"] = s.tie_embeddings
+    if s.config:
+        _check_config(s, overrides)
     with atomic_dir(out) as tmp:
         tok = _write_tokenizer(s, tmp)
         ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}

@@ -253,12 +253,16 @@ def load_recipe(path: str | os.PathLike) -> Recipe:
                                     "{baseline: {init: {preset: tiny, attention: baseline}}}")
     models = [_model(file, name, spec) for name, spec in models_raw.items()]
     names = [m.name for m in models]
-    if "compare" in raw:  # before the stages: a misnamed baseline is the first thing to say
-        compare = parse_section(STAGE_SECTIONS["compare"], raw["compare"], file, "compare")
-        if compare.baseline is not None and compare.baseline not in names:
-            raise _fail(file, "compare.baseline", f"'{compare.baseline}' is not a model of this recipe "
-                                                   f"({', '.join(names)}){did_you_mean(compare.baseline, names)}")
-    stages = {name: parse_section(cls, raw[name], file, name) for name, cls in STAGE_SECTIONS.items() if name in raw}
+    # compare first: a misnamed baseline is the first thing to say; the stages keep their order
+    order = ["compare", *(n for n in STAGE_SECTIONS if n != "compare")]
+    parsed = {}
+    for name in (n for n in order if n in raw):
+        parsed[name] = parse_section(STAGE_SECTIONS[name], raw[name], file, name)
+        b = parsed[name].baseline if name == "compare" else None
+        if b is not None and b not in names:
+            raise _fail(file, "compare.baseline", f"'{b}' is not a model of this recipe ({', '.join(names)})"
+                                                   f"{did_you_mean(b, names)}")
+    stages = {name: parsed[name] for name in STAGE_SECTIONS if name in parsed}
     if not any(s in stages for s in MODEL_STAGES):
         raise InputError(f"{file}: no stage; add at least one of {', '.join(MODEL_STAGES)}")
     launcher = parse_section(LauncherSettings, raw.get("launcher"), file, "launcher")

@@ -81,8 +81,9 @@ def _checkpoint_steps(recipe: Recipe, m: Model, mdir: Path, ckpts: dict[str, Pat
         changes: dict[str, Any] = {"checkpoint": str(prev), "output": str(ckpts[stage])}
         if stage == "yarn":
             changes["overwrite"] = True
-            if recipe.stages["yarn"].original_max_position_embeddings is None and trained_length(recipe, m):
-                changes["original_max_position_embeddings"] = trained_length(recipe, m)
+            trained = trained_length(recipe, m)
+            if recipe.stages["yarn"].original_max_position_embeddings is None and trained:
+                changes["original_max_position_embeddings"] = trained
         job = dataclasses.replace(recipe.stages[stage], **changes)
         step = Step(m.name, stage, d, section_record(job), [prev], [ckpts[stage]], [job])
         if stage in TRAIN_STAGES and recipe.launcher.num_processes > 1:

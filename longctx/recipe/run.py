@@ -32,7 +32,7 @@ from longctx.core.kinds import Bool, Choice, LocalPath, did_you_mean
 from longctx.core.settings import REQUIRED, Settings, setting
 from longctx.recipe.load import Recipe, load_recipe
 from longctx.recipe.plan import Step, launch_command, machine_rank, plan
-from longctx.recipe.sections import MODEL_STAGES, STAGE_SECTIONS
+from longctx.recipe.sections import MODEL_SECTIONS, MODEL_STAGES, STAGE_SECTIONS
 
 # What `--from` accepts: the model sources that are stages of their own, then the stages in order.
 FROM_STAGES = ("init", "convert", *MODEL_STAGES, "compare")
@@ -196,9 +196,11 @@ def _execute(recipe: Recipe, step: Step, log: Callable[[str], None]) -> str | No
 
 def _in_recipe(recipe: Recipe, step: Step, e: SettingError) -> InputError:
     """A setting error raised while a stage runs, named as the recipe wrote it."""
-    cls = STAGE_SECTIONS.get(step.stage)
-    name = (lambda n: f"{step.stage}.{cls.key(n)}") if cls is not None else (lambda n: n)
-    return InputError(f"{recipe.path}: {step.label}: {e.render(name)}")
+    if step.stage in MODEL_SECTIONS:
+        cls, where = MODEL_SECTIONS[step.stage], f"models.{step.model}.{step.stage}"
+    else:
+        cls, where = STAGE_SECTIONS[step.stage], step.stage
+    return InputError(f"{recipe.path}: {step.label}: {e.render(lambda n: f'{where}.{cls.key(n)}')}")
 
 
 # --- the run --------------------------------------------------------------------------------------
