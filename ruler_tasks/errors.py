@@ -5,8 +5,10 @@ that does not load, a data file in the wrong format, ...). Its message is one li
 wrong and what to do; a CLI prints it and exits with code 2.
 """
 
+from longctx.core.errors import InputError
 
-class RulerInputError(ValueError):
+
+class RulerInputError(InputError):
     """Bad user input for RULER task generation: one line for the user."""
 
 

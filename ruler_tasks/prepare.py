@@ -15,6 +15,7 @@ import hashlib
 import importlib
 import json
 import os
+import shutil
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -71,7 +72,20 @@ def load_tokenizer(path):
         raise RulerInputError(f"could not load a tokenizer from '{path}' ({msg}); give a transformers tokenizer directory") from None
     if not getattr(tok, "is_fast", False):
         raise RulerInputError(f"the tokenizer in '{path}' is not a fast (tokenizers) tokenizer; add a tokenizer.json")
+    check_tokenizer(tok, path)
     return tok
+
+
+def check_tokenizer(tok, path) -> None:
+    """RulerInputError when `tok` encodes a plain English sentence to no tokens or to special tokens only:
+    transformers builds such a tokenizer, without a warning, from a folder with a tokenizer_config.json but no
+    vocabulary (tokenizer.json, tokenizer.model, vocab.json), and everything computed from its text is garbage."""
+    ids = list(tok("The quick brown fox jumps over the lazy dog.", add_special_tokens=False).input_ids)
+    if ids and not set(ids) <= set(getattr(tok, "all_special_ids", None) or []):
+        return
+    got = "no tokens" if not ids else "special tokens only"
+    raise RulerInputError(f"the tokenizer in '{path}' encodes a plain English sentence to {got}; copy the "
+                          "model's full tokenizer (tokenizer.json or tokenizer.model) into it")
 
 
 def _validate(lengths, samples, seed, template, specs: Sequence[TaskSpec]) -> list[int]:
@@ -181,9 +195,11 @@ def prepare(
 
     Maps 1:1 onto `longctx ruler prepare --tokenizer --lengths --tasks --samples --seed --template
     --data-dir --essay --squad --hotpotqa -o`. `tokenizer` is a tokenizer directory or an already loaded
-    fast tokenizer. Bad input raises `RulerInputError` before anything is written.
+    fast tokenizer. Bad input raises `RulerInputError` before anything is written; the few refusals only
+    generation can find (no sample fits the length) remove the folder this call made.
     """
     from ruler_tasks.data import load_source, resolve_sources
+    from ruler_tasks.qa import check_samples
     from ruler_tasks.words import wonderwords_version
 
     specs = resolve_tasks(tasks)
@@ -192,6 +208,7 @@ def prepare(
     origins = resolve_sources(needed, data_dir, essay, squad, hotpotqa)
     loaded = not isinstance(tokenizer, (str, os.PathLike))
     tok = tokenizer if loaded else load_tokenizer(tokenizer)
+    mtemplate = model_template(template, tok)  # a chat template that does not work: refused before writing
     fp = tokenizer_fingerprint(tok)
     words, words_sha = _english_words(english_words)
     out = Path(out_dir)
@@ -204,16 +221,35 @@ def prepare(
         return PrepareResult(out, [out / r for r in rels],
                              [TaskTiming(s.name, L, samples, 0.0, 0.0, True) for L in lengths for s in specs], manifest)
     data = {n: load_source(n, o) for n, o in origins.items()}
+    for spec in specs:
+        if spec.generator == "qa":
+            check_samples(spec.name, spec.args["dataset"], data[spec.args["dataset"]].obj, samples,
+                          spec.args.get("pre_samples", 0))
+    new = _first_missing(out)
     out.mkdir(parents=True, exist_ok=True)
     path_name = getattr(tok, "name_or_path", None) if loaded else str(tokenizer)
-    result = _generate(tok, fp, path_name, lengths, specs, samples, seed, template, data, words, words_sha, out,
-                       manifest, progress)
+    try:
+        result = _generate(tok, fp, path_name, lengths, specs, samples, seed, mtemplate, data, words, words_sha,
+                           out, manifest, progress)
+    except RulerInputError:
+        if new is not None:  # a folder this call made: a refusal leaves nothing behind
+            shutil.rmtree(new, ignore_errors=True)
+        raise
     manifest["request"] = request
     write_json(out / MANIFEST, manifest)
     return result
 
 
-def _generate(tok, fp, path_name, lengths, specs, samples, seed, template, data, words, words_sha, out: Path,
+def _first_missing(path: Path) -> Path | None:
+    """The outermost folder `path.mkdir(parents=True)` would make (None when `path` exists)."""
+    if path.exists():
+        return None
+    while not path.parent.exists() and path.parent != path:
+        path = path.parent
+    return path
+
+
+def _generate(tok, fp, path_name, lengths, specs, samples, seed, mtemplate, data, words, words_sha, out: Path,
               manifest: dict, progress: bool) -> PrepareResult:
     """Every (length, task) file: reused when its key and sha256 match, else generated."""
     from ruler_tasks._common import GenContext
@@ -221,7 +257,6 @@ def _generate(tok, fp, path_name, lengths, specs, samples, seed, template, data,
     from ruler_tasks.punkt import PUNKT_SHA256
     from ruler_tasks.words import wonderwords_version
 
-    mtemplate = model_template(template, tok)
     counter = TokenCounter(tok)
     files = manifest.setdefault("files", {})
     manifest.update({"upstream": f"NVIDIA/RULER@{UPSTREAM_COMMIT}",

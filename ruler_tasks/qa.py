@@ -13,15 +13,30 @@ from ruler_tasks.text import Join, render
 _T = TASK_TEMPLATES["qa"]
 
 
+def usable_questions(dataset: str, obj) -> int:
+    """How many questions `read_squad` / `read_hotpotqa` give (answerable SQuAD ones; every HotpotQA one),
+    counted without building them."""
+    if dataset == "squad":
+        return sum(not q["is_impossible"] for d in obj["data"] for p in d["paragraphs"] for q in p["qas"])
+    return len(obj)
+
+
+def check_samples(task: str, dataset: str, obj, num_samples: int, pre_samples: int = 0) -> None:
+    """RulerInputError when the data has fewer questions than the samples asked for (`prepare` asks before it
+    writes anything)."""
+    have = usable_questions(dataset, obj)
+    if pre_samples + num_samples > have:
+        raise RulerInputError(
+            f"{task}: the {dataset} data has {have} usable questions, fewer than the {num_samples} "
+            "samples asked for; lower --samples or give the full dataset")
+
+
 def generate(ctx: GenContext):
     dataset = ctx.args["dataset"]
     pre_samples = ctx.args.get("pre_samples", 0)
     src = ctx.data[dataset]
+    check_samples(ctx.task, dataset, src.obj, ctx.num_samples, pre_samples)
     qas, docs = read_squad(src.obj) if dataset == "squad" else read_hotpotqa(src.obj)
-    if pre_samples + ctx.num_samples > len(qas):
-        raise RulerInputError(
-            f"{ctx.task}: the {dataset} data has {len(qas)} usable questions, fewer than the {ctx.num_samples} "
-            "samples asked for; lower --samples or give the full dataset")
     rng, seed = ctx.rng, ctx.seed
     template = ctx.template.compose(_T["template"], _T["answer_prefix"])
     ndocs = len(docs)

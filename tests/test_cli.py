@@ -114,7 +114,18 @@ def _bad_checkpoints(root, good):
     shutil.copytree(good, root / "unknown")
     cfg["rope_parameters"] = {"rope_type": "wibble", "rope_theta": 10000}
     (root / "unknown" / "config.json").write_text(json.dumps(cfg))
+    _taken_folders(root)
+
+
+def _taken_folders(root):
+    """`taken`: a longctx checkpoint folder; `mine`: a user's folder; `file`: a file."""
+    from longctx.core.files import mark_output
+
     (root / "taken").mkdir()
+    mark_output(root / "taken", "checkpoint")
+    (root / "mine").mkdir()
+    (root / "mine" / "notes.txt").write_text("not longctx's")
+    (root / "file").write_text("a file")
 
 
 @pytest.mark.parametrize("args,message", [
@@ -128,7 +139,11 @@ def _bad_checkpoints(root, good):
     (["yarn", "{root}/scaled", "--factor", "4"], "already YaRN-scaled"),
     (["yarn", "{root}/unknown", "--factor", "4"], "unknown RoPE type 'wibble'"),
     (["yarn", "{ckpt}", "--factor", "4", "-o", "{root}/taken"], "already exists; pass --overwrite"),
-    (["yarn", "{ckpt}", "--factor", "4", "-o", "{ckpt}", "--overwrite"], "would overwrite the input"),
+    (["yarn", "{ckpt}", "--factor", "4", "-o", "{ckpt}", "--overwrite"], "would hold the input checkpoint"),
+    (["yarn", "{ckpt}", "--factor", "4", "-o", "{ckpt}/inside"], "lies inside the input checkpoint"),
+    (["yarn", "{ckpt}", "--factor", "4", "-o", "{root}/mine", "--overwrite"], "exists and was not made by longctx"),
+    (["yarn", "{ckpt}", "--factor", "4", "-o", "{root}/file", "--overwrite"], "is a file, not a folder"),
+    (["yarn", "{ckpt}", "--factor", "4", "-o", "{root}/file/sub"], "is a file, not a folder"),
     (["yarn", "{ckpt}"], "Missing option '--factor'"),
     (["info", "{root}/missing"], "does not exist"),
     (["info", "{root}/badjson"], "is not valid JSON"),

@@ -138,8 +138,8 @@ def test_converted_model_matches_the_official_forward(variant, heads, kv_heads, 
     assert new_cfg["architectures"] == [expected_arch]
     assert new_cfg["rope_parameters"] == {"rope_type": "default", "rope_theta": 10000.0}
     assert new_cfg["attention_bias"] is qkv_bias and "qkv_bias" not in new_cfg and "auto_map" not in new_cfg
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "longctx.json", "model.safetensors",
-                                                     "tokenizer_config.json"]
+    assert sorted(p.name for p in out.iterdir()) == [".longctx-output", "config.json", "longctx.json",
+                                                     "model.safetensors", "tokenizer_config.json"]
     prov = json.loads((out / "longctx.json").read_text())
     assert prov["verb"] == "convert" and len(prov["source_fingerprint"]) == 64
 
@@ -215,7 +215,12 @@ def _bad_sources(root, tiny_checkpoint):
     (root / "pickle").mkdir()
     (root / "pickle" / "config.json").write_text(json.dumps(official_config("headwise", 4, 2)))
     torch.save({"model.embed_tokens.weight": torch.zeros(1), "evil": object()}, root / "pickle" / "pytorch_model.bin")
+    from longctx.core.files import mark_output
+
     (root / "taken").mkdir()
+    mark_output(root / "taken", "checkpoint")
+    (root / "mine").mkdir()
+    (root / "mine" / "notes.txt").write_text("not longctx's")
 
 
 @pytest.mark.parametrize("args,message", [
@@ -224,10 +229,12 @@ def _bad_sources(root, tiny_checkpoint):
     (["{root}/both", "{root}/new"], "asks for both headwise_attn_output_gate and elementwise_attn_output_gate"),
     (["{root}/narrow", "{root}/new"], "rows, the headwise layout needs"),
     (["{root}/noweights", "{root}/new"], "no pytorch_model*.bin or *.safetensors weight files"),
-    (["{root}/pickle", "{root}/new"], "weights_only=True"),
+    (["{root}/pickle", "{root}/new"], "holds code, not only tensors"),
     (["{root}/missing", "{root}/new"], "does not exist"),
     (["{root}/official", "{root}/taken"], "already exists; pass --overwrite"),
-    (["{root}/official", "{root}/official", "--overwrite"], "would overwrite the input"),
+    (["{root}/official", "{root}/official", "--overwrite"], "would hold the input checkpoint"),
+    (["{root}/official", "{root}/mine", "--overwrite"], "exists and was not made by longctx"),
+    (["{root}/official", "{root}/official/sub"], "lies inside the input checkpoint"),
 ])
 def test_convert_bad_input_is_one_line_exit_2_nothing_written(args, message, tmp_path, tiny_checkpoint):
     root = tmp_path / "bad"

@@ -146,7 +146,7 @@ def test_cli_run_default_command_and_bad_inputs(ruler_checkpoint, tmp_path, refe
         ([*base[:-4], "--backend", "openai", "--base-url", f"http://127.0.0.1:{port}/v1", "-o", tmp_path / "z"],
          "unreachable after 3 attempts"),
         (["ruler", ruler_checkpoint, "--lengths", "1k", "--tasks", "vt", "-o", ruler_checkpoint / "run"],
-         "overlap the checkpoint"),
+         "lies inside the checkpoint"),
         (["ruler", ruler_checkpoint, "--lengths", "1k", "--tasks", "vt", "-o", reference_tokenizer_dir],
          "not a longctx ruler run directory"),
         (["compare", out, tmp_path], "has no results.json"),

@@ -134,6 +134,8 @@ def test_untie_embeddings_gives_the_output_layer_its_own_matrix(tmp_path, refere
     (["init", "{root}/new", "--preset", "paper-17b", "--attention", "baseline"], "did you mean 'paper-1.7b'"),
     (["init", "{root}/new", "--preset", "tiny", "--attention", "sideways"], "unknown attention variant 'sideways'"),
     (["init", "{root}/taken", "--preset", "tiny", "--attention", "baseline"], "already exists; pass --overwrite"),
+    (["init", "{root}/mine", "--preset", "tiny", "--attention", "baseline", "--overwrite"],
+     "exists and was not made by longctx"),
     (["init", "{root}/new", "--preset", "tiny", "--attention", "baseline", "--tokenizer", "{root}/nope"],
      "neither reference nor bpe nor an existing tokenizer directory"),
     (["init", "{root}/new", "--preset", "tiny", "--attention", "baseline", "--tokenizer", "{root}/taken"],
@@ -152,10 +154,16 @@ def test_untie_embeddings_gives_the_output_layer_its_own_matrix(tmp_path, refere
 def test_init_bad_input_is_one_line_exit_2_nothing_written(args, message, tmp_path):
     root = tmp_path / "bad"
     root.mkdir()
+    from longctx.core.files import OWNER_FILE, mark_output
+
     (root / "taken").mkdir()
+    mark_output(root / "taken", "checkpoint")
+    (root / "mine").mkdir()
+    (root / "mine" / "notes.txt").write_text("not longctx's")
     r = run(*[a.format(root=root) for a in args])
     assert r.exit_code == 2, r.output
     assert message in r.stderr
     assert r.stderr.startswith("Error: ") and r.stderr.count("\n") == 1, r.stderr
-    assert sorted(p.name for p in root.iterdir()) == ["taken"]
-    assert list((root / "taken").iterdir()) == []
+    assert sorted(p.name for p in root.iterdir()) == ["mine", "taken"]
+    assert [p.name for p in (root / "taken").iterdir()] == [OWNER_FILE]
+    assert [p.name for p in (root / "mine").iterdir()] == ["notes.txt"]

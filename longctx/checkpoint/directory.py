@@ -21,9 +21,9 @@ from longctx.core.clock import utc_timestamp
 from longctx.core.errors import InputError
 from longctx.core.files import write_json
 from longctx.core.hashing import cached_sha256_file
+from longctx.checkpoint.weights import WEIGHT_SUFFIXES, check_weight_files, weight_files
 
 PROVENANCE_FILE = "longctx.json"
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 
 def checkpoint_dir(path: str | os.PathLike) -> Path:
@@ -35,6 +35,17 @@ def checkpoint_dir(path: str | os.PathLike) -> Path:
         raise InputError(f"checkpoint '{path}' is not a directory (give the folder that holds config.json)")
     if not (p / "config.json").is_file():
         raise InputError(f"'{path}' has no config.json: not a transformers checkpoint directory")
+    # Every verb starts here, so a wrongly typed config value or a truncated or unsafe weight file is refused
+    # with one line before anything loads a model, starts an engine or writes (headers only; see weights.py).
+    from longctx.checkpoint.rope import check_config_types
+
+    try:
+        cfg = json.loads((p / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        cfg = None  # read_config says what is wrong with the file
+    if isinstance(cfg, dict):
+        check_config_types(cfg, str(p / "config.json"))
+    check_weight_files(p)
     return p
 
 
@@ -50,10 +61,6 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
     return cfg
 
 
-def weight_files(path: Path) -> list[Path]:
-    return sorted(p for p in path.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
-
-
 def fingerprint(path: str | os.PathLike) -> str:
     """Identity of a checkpoint: sha256 over its config (canonical JSON) and its weight files' hashes.
 
@@ -67,17 +74,6 @@ def fingerprint(path: str | os.PathLike) -> str:
     for w in weight_files(p):
         h.update(f"\n{w.name}:{cached_sha256_file(w)}".encode())
     return h.hexdigest()
-
-
-def check_output_dir(out: Path, sources: list[Path], overwrite: bool) -> None:
-    """Refuse an output directory that exists (unless overwrite) or that is (or holds) an input."""
-    out_real = out.resolve()
-    for src in sources:
-        src_real = src.resolve()
-        if out_real == src_real or src_real.is_relative_to(out_real):
-            raise InputError(f"output '{out}' would overwrite the input checkpoint '{src}'; choose another -o")
-    if out.exists() and not overwrite:
-        raise InputError(f"output '{out}' already exists; pass --overwrite to replace it or choose another -o")
 
 
 # --- side files: what a derived checkpoint carries over -------------------------------------------

@@ -1,11 +1,73 @@
-"""The one model loader: a checkpoint into transformers, gated family registered, errors as one line."""
+"""The one model loader: a checkpoint into transformers, gated family registered, errors as one line.
+
+Before any weight is read, the config is built with transformers' `AutoConfig` (the step vLLM takes too)
+and the tensor shapes the safetensors headers give are compared with those of the model the config
+describes, built on the meta device (no memory). A mismatch would otherwise make transformers print a
+load report and raise, far from the cause.
+"""
 
 from __future__ import annotations
 
 import os
+import warnings
+from pathlib import Path
 from typing import Any
 
 from longctx.core.errors import InputError
+
+
+def _one_line(e: BaseException, limit: int = 240) -> str:
+    """An exception's text on one line (huggingface_hub puts the cause of a field error on the second line)."""
+    text = " ".join(line.strip() for line in str(e).strip().splitlines() if line.strip()) or type(e).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def model_config(path: str | os.PathLike, config: dict[str, Any] | None = None):
+    """The transformers config object of checkpoint `path` (of the config.json dict `config` when given), or
+    InputError with transformers' reason in one line."""
+    from transformers import AutoConfig
+
+    import longctx.models.gated_qwen3  # noqa: F401  (registers the gated family with the Auto classes)
+
+    source = Path(path) / "config.json"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if config is None:
+                return AutoConfig.from_pretrained(path)
+            return AutoConfig.for_model(config.get("model_type"), **{k: v for k, v in config.items()
+                                                                      if k != "model_type"})
+    # Building a config reads only the JSON, so whatever goes wrong is the file's (transformers raises
+    # ValueError, KeyError, TypeError, and huggingface_hub's StrictDataclassError for a field of the wrong type).
+    except Exception as e:  # noqa: BLE001
+        raise InputError(f"'{source}': transformers cannot build a config from it ({_one_line(e)}); fix "
+                         "config.json or restore it from the original checkpoint") from None
+
+
+def check_weight_shapes(path: str | os.PathLike, config: Any) -> None:
+    """InputError naming the first tensor whose shape in the checkpoint's safetensors headers differs from the
+    model that the transformers `config` describes (tensors only one side has are not compared)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from longctx.checkpoint.weights import safetensors_shapes
+
+    stored = safetensors_shapes(path)
+    if not stored:
+        return
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = AutoModelForCausalLM.from_config(config)
+    except (ValueError, KeyError) as e:
+        raise InputError(f"checkpoint '{path}': transformers has no causal LM for this config ({_one_line(e)})"
+                         ) from None
+    for name, tensor in model.state_dict().items():
+        shape = stored.get(name)
+        if shape is not None and shape != tuple(tensor.shape):
+            raise InputError(f"checkpoint '{path}': tensor '{name}' has shape {list(shape)} in the weight files but "
+                             f"{list(tensor.shape)} in the model config.json describes; the weights and config.json "
+                             "are from different models")
 
 
 def load_model(path: str | os.PathLike, *, dtype: Any = "auto", device: str | None = None,
@@ -14,24 +76,45 @@ def load_model(path: str | os.PathLike, *, dtype: Any = "auto", device: str | No
     "float32"; or a torch dtype) on `device`, with `attn_implementation` [default: transformers'], and
     with `config` (a config.json dict) instead of the checkpoint's own when given."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    import longctx.models.gated_qwen3  # noqa: F401  (registers the gated family with the Auto classes)
-
+    check_device(device)
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else dtype
+    built = model_config(path, config)
+    check_weight_shapes(path, built)
     kwargs: dict[str, Any] = {"dtype": torch_dtype}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
     if config is not None:
-        model_type = config.get("model_type")
-        try:
-            fields = {k: v for k, v in config.items() if k != "model_type"}
-            kwargs["config"] = AutoConfig.for_model(model_type, **fields)
-        except ValueError as e:
-            raise InputError(f"checkpoint '{path}': unknown model_type {model_type!r} ({e})") from None
+        kwargs["config"] = built
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except (OSError, ValueError, KeyError) as e:
-        first_line = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise InputError(f"cannot load the model in '{path}': {first_line}") from None
+        raise InputError(f"cannot load the model in '{path}': {_one_line(e)}") from None
     return model.to(device) if device is not None else model
+
+
+def check_device(device: str | None, flag: str = "--device") -> None:
+    """InputError unless torch can place a model on `device` here (None: the caller's default, always fine).
+    `flag` names the setting in the message."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        d = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise InputError(f"{flag} {device}: not a torch device; use cpu, cuda or cuda:N") from None
+    if d.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise InputError(f"{flag} {device}: torch sees no CUDA device here; use {flag} cpu")
+        if d.index is not None and d.index >= count:
+            raise InputError(f"{flag} {device}: torch sees {count} CUDA device(s) here (cuda:0 to cuda:{count - 1})")
+    elif d.type != "cpu":
+        # mps, xpu, ...: torch.<type>.is_available() or torch.backends.<type>.is_available(), where torch has one
+        module = getattr(torch, d.type, None)
+        available = getattr(module, "is_available", None) or getattr(getattr(torch.backends, d.type, None),
+                                                                      "is_available", None)
+        if available is not None and not available():
+            raise InputError(f"{flag} {device}: torch sees no {d.type} device here; use {flag} cpu")

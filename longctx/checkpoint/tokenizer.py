@@ -21,17 +21,26 @@ def require_tokenizer_files(path: str | os.PathLike) -> None:
 
 
 def load_tokenizer(path: str | os.PathLike) -> Any:
-    """The transformers tokenizer saved in `path`, or InputError when the checkpoint has none."""
+    """The transformers tokenizer saved in `path`, or InputError when the checkpoint has none, or one that
+    encodes a plain English sentence to nothing (or to special tokens only)."""
     from transformers import AutoTokenizer
+
+    from ruler_tasks.prepare import check_tokenizer
 
     require_tokenizer_files(path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError, KeyError) as e:
-        raise InputError(f"cannot load the tokenizer in '{path}' ({type(e).__name__}); the checkpoint needs its "
+            tokenizer = AutoTokenizer.from_pretrained(path)
+    # It reads only the folder's files (and config.json), so whatever goes wrong is theirs: OSError and
+    # ValueError for missing or broken files, huggingface_hub's StrictDataclassError for a config field.
+    except Exception as e:  # noqa: BLE001
+        lines = str(e).strip().splitlines()
+        reason = lines[0][:200] if lines else type(e).__name__
+        raise InputError(f"cannot load the tokenizer in '{path}' ({reason}); the checkpoint needs its "
                          "tokenizer files") from None
+    check_tokenizer(tokenizer, path)
+    return tokenizer
 
 
 def special_tokens_added(tokenizer: Any) -> int:

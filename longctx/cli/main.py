@@ -210,9 +210,9 @@ def _prepare(s: PrepareSettings) -> None:
 
     from ruler_tasks.prepare import prepare
 
-    click.echo(f"lengths: {', '.join(map(str, s.lengths))}")
     r = prepare(s.tokenizer, s.lengths, s.tasks, s.samples, s.seed, s.template, s.data_dir, s.essay, s.squad,
                 s.hotpotqa, s.output)
+    click.echo(f"lengths: {', '.join(map(str, s.lengths))}")
     reused = sum(t.reused for t in r.timings)
     click.echo(f"{len(r.files)} task files ({reused} reused) and {r.out_dir / 'manifest.json'} in {r.out_dir}")
 
@@ -227,7 +227,6 @@ def _ruler_run(s: RulerRunSettings) -> None:
     from longctx.eval.runner import run_ruler
     from longctx.report.run import write_report
 
-    click.echo(f"lengths: {', '.join(map(str, s.lengths))}")
     r = run_ruler(s, log=click.echo)
     rep = write_report(s.output, plot=s.plot)
     _echo_report(rep)

@@ -184,20 +184,20 @@ def convert_checkpoint(s: ConvertSettings) -> ConvertResult:
     """Convert `s.source` (a checkpoint in the `s.layout` layout) into a longctx checkpoint at `s.output`."""
     from safetensors.torch import save_file
 
-    from longctx.checkpoint.directory import check_output_dir, copy_side_files, read_config, write_provenance
-    from longctx.core.files import atomic_dir
+    from longctx.checkpoint.directory import copy_side_files, read_config, write_provenance
+    from longctx.core.files import CHECKPOINT_KIND, atomic_dir, check_output
 
     src, out = Path(s.source), Path(s.output)
     cfg = read_config(src)
     variant = _official_variant(src, cfg)
-    check_output_dir(out, [src], s.overwrite)
+    check_output(out, CHECKPOINT_KIND, inputs=[("input checkpoint", src)], overwrite=s.overwrite)
     if not cfg.get("tie_word_embeddings", False) and not cfg.get("vocab_size"):
         raise _not_official(src, "config.json has no vocab_size")
     config = official_config(src, cfg, variant)
     state = convert_state_dict(_load_weights(src), config, variant, src)
     _check_keys(state, config, src)
 
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, CHECKPOINT_KIND) as tmp:
         # the official remote code (*.py) describes the widened q_proj this conversion removes
         copy_side_files(src, tmp, keep=lambda p: p.suffix != ".py")
         config.save_pretrained(tmp)

@@ -13,7 +13,8 @@ LAYOUTS = ("official",)
 @dataclass(frozen=True)
 class ConvertSettings(Settings):
     source: str = setting(REQUIRED, LocalPath(), "Checkpoint to convert (the released folder).", cli="argument")
-    output: str | None = setting(None, LocalPath(), "Checkpoint directory to write.", cli="argument", recipe=False,
+    output: str | None = setting(None, LocalPath(directory=True), "Checkpoint directory to write.", cli="argument",
+                                 recipe=False,
                                  cli_required=True)
     layout: str = setting("official", Choice(LAYOUTS, "source layout"),
                           "Layout of SRC: official (the paper's released checkpoints).", flag="--from", key="from")

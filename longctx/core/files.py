@@ -11,10 +11,20 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
+
+from longctx.core.errors import InputError
+
+# Every folder a verb makes holds this file; only folders that do are ever replaced or removed.
+OWNER_FILE = ".longctx-output"
+OWNER_FORMAT = "longctx-output/1"
+# Kinds more than one stage names (a sinks folder may be a RULER run); the others live with their stage.
+CHECKPOINT_KIND = "checkpoint"
+RULER_RUN_KIND = "ruler run"
 
 
 def cache_dir() -> Path:
@@ -39,12 +49,68 @@ def _umask() -> int:
     return mask
 
 
+# --- temporary names: `.NAME.<tag>-<host>-<pid>-<random>`, so that the next process can tell the leftovers
+# of a killed one (same host, no such process) from the work of a live one and remove only those.
+
+
+def _tmp_prefix(name: str, tag: str) -> str:
+    return f".{name}.{tag}-{socket.gethostname()}-{os.getpid()}-"
+
+
+def _process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # someone else's live process
+        return False
+    return False
+
+
+def remove_leftovers(parent: Path, name: str, tag: str) -> None:
+    """Remove what a killed process left while writing `parent/name` (its `.NAME.<tag>-*` entries)."""
+    host = socket.gethostname()
+    with contextlib.suppress(OSError):
+        for item in parent.glob(f".{name}.{tag}-*"):
+            rest = item.name[len(f".{name}.{tag}-"):]
+            owner, _, pid = rest.rpartition("-")[0].rpartition("-")
+            if owner == host and pid.isdigit() and int(pid) != os.getpid() and _process_gone(int(pid)):
+                if item.is_dir() and not item.is_symlink():
+                    shutil.rmtree(item, ignore_errors=True)
+                else:
+                    item.unlink(missing_ok=True)
+
+
+def make_temp_dir(parent: Path, name: str, tag: str) -> Path:
+    """A new folder `parent/.NAME.<tag>-<host>-<pid>-*` with ordinary permissions, after removing what killed
+    processes left under that name and tag."""
+    remove_leftovers(parent, name, tag)
+    tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(name, tag), dir=parent))
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; the result is an ordinary directory
+    return tmp
+
+
+def file_in_the_way(path: Path) -> Path | None:
+    """The file (not a folder) at `path` or at the nearest of its parents that exists, if any: no folder can
+    be made at `path` then."""
+    for p in [path, *path.parents]:
+        try:
+            if p.is_dir():
+                return None
+            if p.exists() or p.is_symlink():
+                return p
+        except OSError:  # unreadable: let the verb say what it cannot do there
+            return None
+    return None
+
+
 @contextlib.contextmanager
 def open_atomic(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
     """A file to write (`mode` "w": UTF-8 text with "\n" line ends, "wb": bytes) that replaces `path` when
     the block ends without error, and vanishes when it does not; the file gets ordinary permissions."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    remove_leftovers(path.parent, path.name, "tmp")
+    fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(path.name, "tmp"), dir=path.parent)
     try:
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": "\n"})) as f:
             yield f
@@ -78,8 +144,6 @@ def read_json(path: str | os.PathLike) -> Any:
 
 def read_versioned_json(path: Path, fmt: str, kind: str) -> dict:
     """A JSON object whose "format" is `fmt`, or InputError naming what `path` is not."""
-    from longctx.core.errors import InputError
-
     try:
         doc = read_json(path)
     except (OSError, ValueError) as e:
@@ -90,17 +154,21 @@ def read_versioned_json(path: Path, fmt: str, kind: str) -> dict:
 
 
 @contextlib.contextmanager
-def atomic_dir(out: str | os.PathLike, keep_existing: str | None = None) -> Iterator[Path]:
+def atomic_dir(out: str | os.PathLike, kind: str | None = None, keep_existing: str | None = None) -> Iterator[Path]:
     """Yield a temporary directory beside `out`; on success its files are synced and it replaces `out`,
-    on error it vanishes. With `keep_existing` (a file that marks a finished directory), an `out` that
-    another process finished meanwhile is kept and ours dropped (caches several processes may build)."""
+    on error it vanishes. `kind` marks the result as a longctx output of that kind (see `check_output`);
+    an existing `out` is replaced only when it is an empty folder or an output of the same kind. With
+    `keep_existing` (a file that marks a finished directory), an `out` that another process finished
+    meanwhile is kept and ours dropped (caches several processes may build)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    remove_leftovers(out.parent, out.name, "old")
+    tmp = make_temp_dir(out.parent, out.name, "tmp")
     mask = _umask()
-    os.chmod(tmp, 0o777 & ~mask)  # mkdtemp makes it private; the result is an ordinary directory
     try:
         yield tmp
+        if kind is not None:
+            mark_output(tmp, kind)
         for f in tmp.rglob("*"):
             if f.is_file() and not f.is_symlink():
                 os.chmod(f, 0o666 & ~mask)  # some writers (safetensors) leave private 0600 files
@@ -110,7 +178,10 @@ def atomic_dir(out: str | os.PathLike, keep_existing: str | None = None) -> Iter
         if keep_existing is not None:
             publish_dir(tmp, out, keep_existing)
         elif out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            if kind is None or (any(out.iterdir()) and output_kind(out) != kind):
+                raise InputError(f"'{out}' appeared while it was being written and is not a longctx {kind}; "
+                                 "nothing was replaced")
+            old = Path(tempfile.mkdtemp(prefix=_tmp_prefix(out.name, "old"), dir=out.parent))
             out.rename(old / out.name)
             tmp.rename(out)
             shutil.rmtree(old)
@@ -133,3 +204,79 @@ def publish_dir(tmp: Path, final: Path, complete: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     else:
         _fsync_dir(final.parent)
+
+
+# --- outputs: what a verb may write into, replace or remove -----------------------------------------
+
+
+def mark_output(folder: Path, kind: str) -> None:
+    """Mark `folder` as a longctx output of `kind` (a checkpoint, a RULER run, ...)."""
+    write_json(folder / OWNER_FILE, {"format": OWNER_FORMAT, "kind": kind})
+
+
+def output_kind(folder: Path) -> str | None:
+    """The kind of longctx output `folder` is, or None when longctx did not make it."""
+    with contextlib.suppress(OSError, ValueError):
+        doc = read_json(folder / OWNER_FILE)
+        if isinstance(doc, dict) and doc.get("format") == OWNER_FORMAT and isinstance(doc.get("kind"), str):
+            return doc["kind"]
+    return None
+
+
+def check_apart(out: Path, inputs: Iterable[tuple[str, Path]]) -> None:
+    """InputError when the output `out` and an input overlap (either inside the other) or when `out` holds
+    the current directory: writing or replacing one would change the other."""
+    where = out.resolve()
+    for label, path in inputs:
+        src = Path(path).resolve()
+        if where == src or src.is_relative_to(where):
+            raise InputError(f"output '{out}' would hold the {label} '{path}'; choose an -o outside it")
+        if where.is_relative_to(src):
+            raise InputError(f"output '{out}' lies inside the {label} '{path}'; choose an -o outside it")
+    cwd = Path.cwd().resolve()
+    if cwd.is_relative_to(where):
+        raise InputError(f"output '{out}' holds the current directory; choose another -o")
+
+
+def check_output(out: Path, kind: str | tuple[str, ...], *, inputs: Iterable[tuple[str, Path]] = (),
+                 overwrite: bool | None = None) -> None:
+    """The check of a verb's output folder, before anything is written. It must not overlap an input; an
+    existing one must be a folder that is empty or a longctx output of `kind` (or of one of the kinds, when
+    several), never a folder longctx did not make.
+    `overwrite` False: an existing output is refused (pass --overwrite); None: the verb continues an
+    existing output (a RULER run, a report)."""
+    check_apart(out, inputs)
+    found = file_in_the_way(out)
+    if found is not None:
+        where = "is a file" if found == out else f"lies under '{found}', which is a file"
+        raise InputError(f"output '{out}' {where}, not a folder; choose another -o")
+    if not out.exists() or not any(out.iterdir()):
+        return
+    found = output_kind(out)
+    if found is None:
+        raise InputError(f"output '{out}' exists and was not made by longctx (it has no {OWNER_FILE}); longctx "
+                         "replaces only folders it made: choose another -o or move it away yourself")
+    kinds = (kind,) if isinstance(kind, str) else kind
+    if found not in kinds:
+        raise InputError(f"output '{out}' is a longctx {found}, not a {' or a '.join(kinds)}; choose another -o")
+    if overwrite is False:
+        raise InputError(f"output '{out}' already exists; pass --overwrite to replace it or choose another -o")
+
+
+def remove_output(folder: Path, kind: str) -> None:
+    """Remove `folder` (a longctx output of `kind`, or an empty folder); InputError for anything else."""
+    if not folder.exists():
+        return
+    if any(folder.iterdir()) and output_kind(folder) != kind:
+        raise InputError(f"'{folder}' was not made by longctx as a {kind} (it has no matching {OWNER_FILE}); "
+                         "nothing was removed: move it away yourself or choose another -o")
+    shutil.rmtree(folder)
+
+
+def make_output(folder: Path, kind: str) -> Path:
+    """Create (or reuse) the output folder `folder`, marked as a `kind` unless it is a longctx output already
+    (`check_output` said which kinds it may be)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if output_kind(folder) is None:
+        mark_output(folder, kind)
+    return folder

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from longctx.core import units
+from longctx.core.files import file_in_the_way
 
 
 class KindError(ValueError):
@@ -249,8 +250,24 @@ def _local(value: str, base: Path) -> str:
 
 
 class LocalPath(Text):
+    """A local path. `directory`: a folder (one to read, or one a verb makes), so a file there (or at a parent
+    of it) is refused when the value is parsed, on the command line and in a recipe alike."""
+
     metavar = "PATH"
     words = "a path"
+
+    def __init__(self, directory: bool = False):
+        self.directory = directory
+
+    def parse(self, value):
+        value = super().parse(value)
+        if self.directory:
+            found = file_in_the_way(Path(os.path.expanduser(value)))
+            if found is not None:
+                if found == Path(os.path.expanduser(value)):
+                    raise KindError(f"'{value}' is a file, not a folder; choose another path")
+                raise KindError(f"'{value}' lies under '{found}', which is a file, not a folder; choose another path")
+        return value
 
     def resolve(self, value, base):
         return _local(value, base) if isinstance(value, str) and value.strip() else value

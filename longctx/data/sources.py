@@ -11,6 +11,7 @@ Whitespace-only documents are skipped.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -126,6 +127,56 @@ def _saved_dataset(path: Path, split: str | None) -> Any:
     return ds
 
 
+_TRUE = ("1", "ON", "YES", "TRUE")
+
+
+def _offline_variable() -> str | None:
+    """The environment variable that makes `datasets` offline, read now (not when it was imported): as
+    `datasets.config` does, HF_DATASETS_OFFLINE when it is set, else HF_HUB_OFFLINE."""
+    var = "HF_DATASETS_OFFLINE" if os.environ.get("HF_DATASETS_OFFLINE") is not None else "HF_HUB_OFFLINE"
+    return var if os.environ.get(var, "").strip().upper() in _TRUE else None
+
+
+def _hf_home() -> Path:
+    return Path(os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache") / "huggingface"
+                ).expanduser()
+
+
+def _hub_snapshot(name: str) -> Path | None:
+    """The newest snapshot of dataset repo `name` in the hub cache (`hf download --repo-type dataset NAME`)."""
+    hub = Path(os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE") or _hf_home() / "hub")
+    repo = hub.expanduser() / f"datasets--{name.replace('/', '--')}"
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        snap = repo / "snapshots" / ref.read_text(encoding="utf-8").strip()
+        if snap.is_dir():
+            return snap
+    snaps = sorted((p for p in (repo / "snapshots").glob("*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    return snaps[-1] if snaps else None
+
+
+def _in_datasets_cache(name: str) -> bool:
+    """Whether `datasets.load_dataset(name)` has prepared `name` before (its cache folder `org___name`)."""
+    root = Path(os.environ.get("HF_DATASETS_CACHE") or _hf_home() / "datasets").expanduser()
+    *org, last = name.split("/")
+    snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", last).lower()  # datasets' camelcase_to_snakecase, roughly
+    return any((root / "___".join([*org, n])).is_dir() for n in {last, snake})
+
+
+def _offline_source(name: str) -> Path | None:
+    """Offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE): a hub snapshot to load `name` from, None for the
+    datasets cache, or InputError at once (no network attempt, no retries) when neither holds it."""
+    var = _offline_variable()
+    if _in_datasets_cache(name):
+        return None
+    snapshot = _hub_snapshot(name)
+    if snapshot is None:
+        raise InputError(f"hf:{name} is not in the local Hugging Face cache and {var}={os.environ[var]}; run once "
+                         "online, or: "
+                         f"hf download --repo-type dataset {name}")
+    return snapshot
+
+
 def _hf_documents(name: str, split: str | None) -> Iterator[str]:
     path = Path(name).expanduser()
     if _is_saved_dataset(path):
@@ -133,12 +184,15 @@ def _hf_documents(name: str, split: str | None) -> Iterator[str]:
     else:
         import datasets
 
+        offline = _offline_variable()
+        source = str(_offline_source(name) or name) if offline and not path.exists() else name
         try:
-            ds = datasets.load_dataset(name, split=split or "train")
+            ds = datasets.load_dataset(source, split=split or "train")
         except Exception as e:  # noqa: BLE001 - any loader failure is a user-input problem here
             first = str(e).splitlines()[0] if str(e) else ""
-            raise InputError(f"could not load dataset '{name}' ({e.__class__.__name__}: {first}); "
-                             "offline only local paths and the datasets cache work") from None
+            hint = (f"with {offline}={os.environ[offline]} only local paths and the Hugging Face cache work"
+                    if offline else "offline only local paths and the Hugging Face cache work")
+            raise InputError(f"could not load dataset '{name}' ({e.__class__.__name__}: {first}); {hint}") from None
     yield from _dataset_documents(ds, f"hf:{name}")
 
 
@@ -183,7 +237,9 @@ def check_data_specs(specs: Sequence[str]) -> None:
             if not Path(name).expanduser().exists():
                 if name.startswith((".", "/", "~")):
                     raise InputError(f"dataset path '{name}' in '{spec}' does not exist")
-                continue  # a hub id: only loading it can tell (offline: from the datasets cache)
+                if _offline_variable():
+                    _offline_source(name)  # offline and not cached: refused now, before anything runs
+                continue  # a hub id: only loading it can tell
             if not _is_saved_dataset(Path(name).expanduser()):
                 continue
         if next(iter_documents(spec), None) is None:

@@ -10,15 +10,21 @@ Heavy imports (vllm, torch models) happen inside the backend that needs them.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+import re
+import sys
 import time
+import traceback
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from itertools import islice
+from pathlib import Path
 from typing import Any
 
 from longctx.core.errors import InputError
@@ -38,6 +44,82 @@ OnResult = Callable[[Request, str, "int | None"], None]
 
 # KV cache (GiB) for vLLM's CPU build when neither --gpu-memory-utilization nor --kv-cache-memory is given.
 CPU_KV_CACHE_GIB = 4
+# Where the output of a vLLM engine start goes: the run directory when the backend knows it, else
+# longctx's cache (`longctx.core.files.cache_dir()/logs`).
+ENGINE_LOG = "vllm-engine.log"
+
+
+@contextlib.contextmanager
+def _output_to(path: Path) -> Iterator[None]:
+    """Everything printed while the block runs goes to the file `path`: file descriptors 1 and 2 (C code, and
+    the engine processes vLLM starts, which inherit them and keep writing there), `sys.stdout`/`sys.stderr`
+    and the logging handlers that write to them (vLLM logs through Python logging)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o666)
+    log = os.fdopen(fd, "a", buffering=1, encoding="utf-8", errors="replace")
+    streams = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
+    handlers = [h for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+                if isinstance(logger, logging.Logger) for h in logger.handlers
+                if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+                and any(h.stream is st for st in streams)]
+    for st in streams:
+        with contextlib.suppress(Exception):
+            st.flush()
+    saved = {n: os.dup(n) for n in (1, 2)}
+    old = sys.stdout, sys.stderr
+    swapped = []
+    for h in handlers:
+        with contextlib.suppress(AttributeError):  # logging's _StderrHandler always writes to sys.stderr
+            swapped.append((h, h.setStream(log)))
+    try:
+        for n in (1, 2):
+            os.dup2(log.fileno(), n)
+        sys.stdout = sys.stderr = log
+        yield
+    finally:
+        sys.stdout, sys.stderr = old
+        for h, stream in swapped:
+            h.setStream(stream)
+        # Handlers made inside the block (vLLM configures its logger when first imported, on `sys.stdout`)
+        # would write to the closed log afterwards: they get the stream they would have got outside it.
+        for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
+            for h in getattr(logger, "handlers", []):
+                if isinstance(h, logging.StreamHandler) and getattr(h, "stream", None) is log:
+                    h.setStream(old[0])
+        log.flush()
+        for n, dup in saved.items():
+            os.dup2(dup, n)
+            os.close(dup)
+        log.close()
+
+
+# vLLM's log prefixes: "(EngineCore_DP0 pid=123) " on lines of its engine process, "ERROR 12-01 10:00:00
+# [core.py:700] " on logged lines.
+_LOG_PREFIX = re.compile(r"^(?:\([\w.-]+ pid=\d+\)\s*)?"
+                         r"(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) [\d-]+ [\d:.]+ \[[^\]]*\]\s*)?")
+# The last line of a Python traceback: "ValueError: ...", "torch.OutOfMemoryError: ...", "AssertionError".
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b(?::\s*\S.*)?$")
+# Lines that report a failure without saying what it was (vLLM's main process after its engine process died).
+_GENERIC = ("Engine core initialization failed", "See root cause above", "EngineCore failed to start")
+
+
+def _is_generic(text: str) -> bool:
+    return any(g in text for g in _GENERIC)
+
+
+def _engine_error(log: Path, e: BaseException) -> str:
+    """What made the engine start fail, in one line: `e` itself when it says (it was raised in this process),
+    else the last exception line the engine's processes wrote to `log`."""
+    own = " ".join(line.strip() for line in str(e).strip().splitlines() if line.strip())
+    found = None
+    if not own or _is_generic(own):
+        with contextlib.suppress(OSError):
+            for raw in log.read_text(encoding="utf-8", errors="replace")[-1_000_000:].splitlines():
+                line = _LOG_PREFIX.sub("", raw).strip()
+                if _EXCEPTION_LINE.match(line) and not _is_generic(line):
+                    found = line
+    text = found or (f"{type(e).__name__}: {own}" if own else type(e).__name__)
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 class VllmBackend:
@@ -49,8 +131,9 @@ class VllmBackend:
     def __init__(self, checkpoint: str, max_model_len: int, *, tensor_parallel_size: int = 1,
                  data_parallel_size: int = 1, dtype: str = "auto", gpu_memory_utilization: float | None = None,
                  kv_cache_memory: int | None = None, enforce_eager: bool = False, seed: int = 0, llm=None,
-                 chunk: int = 64):
+                 chunk: int = 64, log_dir: str | os.PathLike | None = None):
         self.checkpoint = checkpoint
+        self.log_dir = Path(log_dir) if log_dir is not None else None
         self.max_model_len = max_model_len
         self.kwargs: dict[str, Any] = {"tensor_parallel_size": tensor_parallel_size, "dtype": dtype, "seed": seed,
                                        "enforce_eager": enforce_eager}
@@ -67,24 +150,54 @@ class VllmBackend:
     def settings(self) -> dict[str, Any]:
         return {"name": self.name, "max_model_len": self.max_model_len, **self.kwargs}
 
+    def check(self) -> None:
+        """Refuse, before an engine starts, a config transformers cannot build (vLLM parses config.json with
+        AutoConfig too, and says so in ~200 lines)."""
+        from longctx.checkpoint.load import model_config
+
+        if self.llm is None:
+            model_config(self.checkpoint)
+
+    def _log_path(self) -> Path:
+        from longctx.core.files import cache_dir
+
+        if self.log_dir is not None:
+            return self.log_dir / ENGINE_LOG
+        return cache_dir() / "logs" / f"vllm-engine-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+
+    def _start(self):
+        """`vllm.LLM(...)`, imported and started with its output (~200 lines when it fails) in a log file; a
+        failure is one line that names the cause and the file."""
+        log = self._log_path()
+        try:
+            with _output_to(log):
+                try:
+                    from vllm import LLM
+                except ImportError:
+                    raise InputError("the vllm backend needs vLLM: pip install 'longctx[gpu]' (CUDA) or "
+                                     "'longctx[cpu]'; or use --backend hf") from None
+                if not {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(self.kwargs):
+                    from vllm.platforms import current_platform
+
+                    if current_platform.is_cpu():
+                        # vLLM's CPU build reserves gpu_memory_utilization (default 0.92) of the NUMA node's RAM
+                        # and refuses to start when that much is not free; size the KV cache explicitly instead.
+                        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
+                return LLM(model=self.checkpoint, max_model_len=self.max_model_len, **self.kwargs)
+        except InputError:
+            raise
+        except Exception as e:  # noqa: BLE001 - whatever stops the engine, the user gets one line and the log
+            with contextlib.suppress(OSError), open(log, "a", encoding="utf-8") as f:
+                f.write("\n[longctx] the engine start raised:\n" + traceback.format_exc())
+            raise InputError(f"vLLM could not start the engine for {self.checkpoint} ({_engine_error(log, e)}); "
+                             f"full output in {log}") from None
+
     def _engine(self):
         if self.llm is None:
             # vLLM's INFO lines (engine config, kernels, KV cache) bury the progress bars and tables;
             # warnings still show. VLLM_LOGGING_LEVEL=INFO brings them back.
             os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-            try:
-                from vllm import LLM
-            except ImportError:
-                raise InputError("the vllm backend needs vLLM: pip install 'longctx[gpu]' (CUDA) or "
-                                 "'longctx[cpu]'; or use --backend hf") from None
-            if not {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(self.kwargs):
-                from vllm.platforms import current_platform
-
-                if current_platform.is_cpu():
-                    # vLLM's CPU build reserves gpu_memory_utilization (default 0.92) of the NUMA node's RAM
-                    # and refuses to start when that much is not free; size the KV cache explicitly instead.
-                    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
-            self.llm = LLM(model=self.checkpoint, max_model_len=self.max_model_len, **self.kwargs)
+            self.llm = self._start()
         have = self.llm.llm_engine.model_config.max_model_len
         if have < self.max_model_len:
             raise InputError(f"the given vLLM engine has max_model_len {have} < {self.max_model_len} needed")
@@ -98,9 +211,9 @@ class VllmBackend:
             self.llm = None
 
     def generate(self, requests: Iterable[Request], on_result: OnResult) -> None:
+        llm = self._engine()  # first: vLLM's import prints, and the engine start captures that
         from vllm import SamplingParams
 
-        llm = self._engine()
         engine = llm.llm_engine
         window = 2 * max(int(getattr(engine.vllm_config.scheduler_config, "max_num_seqs", 256) or 256), self.chunk)
         it = iter(requests)
@@ -159,6 +272,14 @@ class HfBackend:
     def close(self) -> None:
         self.model = self.tok = None  # the weights are freed with the last reference
 
+    def check(self) -> None:
+        """Refuse, before anything is generated, a device torch does not have and a config transformers cannot
+        build."""
+        from longctx.checkpoint.load import check_device, model_config
+
+        check_device(self.device)
+        model_config(self.checkpoint)
+
     def _load(self):
         import torch
 
@@ -166,7 +287,7 @@ class HfBackend:
         from longctx.checkpoint.tokenizer import load_tokenizer
 
         device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.tok = load_tokenizer(self.checkpoint)
+        self.tok = self.tok or load_tokenizer(self.checkpoint)
         self.model = load_model(self.checkpoint, dtype=self.dtype, device=device).eval()
 
     def generate(self, requests: Iterable[Request], on_result: OnResult) -> None:
@@ -179,6 +300,8 @@ class HfBackend:
         for r in requests:
             ids = self.tok(r.prompt, return_tensors="pt").input_ids.to(device)
             n = ids.shape[1]
+            if n == 0:  # generate() cannot start from nothing
+                raise InputError(f"the tokenizer of '{self.checkpoint}' encodes a prompt to no tokens")
             if n + r.max_tokens > self.max_model_len:
                 raise InputError(f"a prompt of {n} tokens + {r.max_tokens} to generate exceeds max_model_len "
                                  f"{self.max_model_len}")
@@ -304,15 +427,27 @@ class OpenAIBackend:
 
 
 def make_backend(s: RulerRunSettings, checkpoint: str, max_model_len: int, engine=None):
-    """The backend `s` asks for, with the options it gives (an openai endpoint is probed at once, so an
-    unreachable one is refused before anything is generated or written)."""
+    """The backend `s` asks for, with the options it gives, checked before anything is generated or written:
+    an openai endpoint is probed; hf: the device and the config; vllm (unless `engine` is given): the config.
+
+    Whatever the backend, the task files are cut with the checkpoint's tokenizer, so it is checked for every
+    one: an empty tokenizer (a folder with tokenizer_config.json only) encodes RULER's haystack to no tokens,
+    and the task generators divide by the tokens per haystack unit (ZeroDivisionError).
+    """
+    from longctx.checkpoint.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(checkpoint)
     if s.backend == "openai":
         backend = OpenAIBackend(s.base_url, s.model, concurrency=s.concurrency, seed=s.seed)
         backend.check()
         return backend
     if s.backend == "hf":
-        return HfBackend(checkpoint, max_model_len, dtype=s.dtype or "auto", device=s.device)
-    return VllmBackend(checkpoint, max_model_len, tensor_parallel_size=s.tensor_parallel_size or 1,
-                       data_parallel_size=s.data_parallel_size or 1, dtype=s.dtype or "auto",
-                       gpu_memory_utilization=s.gpu_memory_utilization, kv_cache_memory=s.kv_cache_memory,
-                       enforce_eager=s.enforce_eager, llm=engine)
+        backend = HfBackend(checkpoint, max_model_len, dtype=s.dtype or "auto", device=s.device)
+        backend.tok = tokenizer
+    else:
+        backend = VllmBackend(checkpoint, max_model_len, tensor_parallel_size=s.tensor_parallel_size or 1,
+                              data_parallel_size=s.data_parallel_size or 1, dtype=s.dtype or "auto",
+                              gpu_memory_utilization=s.gpu_memory_utilization, kv_cache_memory=s.kv_cache_memory,
+                              enforce_eager=s.enforce_eager, llm=engine, log_dir=s.output)
+    backend.check()
+    return backend

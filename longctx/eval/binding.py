@@ -4,36 +4,50 @@ is refused, never mixed in.
     run.json  {"format", "binding": {fingerprint, tokenizer, seed, samples, template, backend, sampling},
                "files": {"<length>/<task>.jsonl": sha256 of the task file predictions were made from},
                "model", "backend"}
+
+A run's new task files and its run.json are made in a staging folder (`StagedRun`) and moved into the run
+directory only when every check has passed: a refusal leaves the run directory as it was, and a new one is
+not made at all.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from longctx.core.errors import InputError
-from longctx.core.files import write_json
+from longctx.core.files import RULER_RUN_KIND, make_temp_dir, mark_output, output_kind, write_json
 
 RUN_FILE = "run.json"
 RUN_FORMAT = "longctx-ruler-run/1"
+TASKS_DIR = "tasks"
+STAGE_TAG = "stage"
 # Upstream: temperature 0 (greedy), top_p 1, max_tokens = the task's tokens_to_generate, no stop words.
 SAMPLING = {"temperature": 0.0, "top_p": 1.0, "max_tokens": "tokens_to_generate of each task", "stop": []}
 _LABELS = {"fingerprint": "checkpoint", "tokenizer": "tokenizer", "seed": "--seed", "samples": "--samples",
            "template": "--template", "backend": "--backend", "sampling": "sampling settings"}
 
 
-def bind(out: Path, binding: dict[str, Any]) -> dict[str, Any]:
-    """The run.json of `out` (created when new), or InputError when it is bound to something else."""
+def check_run_dir(out: Path, binding: dict[str, Any]) -> dict[str, Any]:
+    """The run.json content of `out` (a new one, not yet written, when `out` is new or empty), or InputError
+    when `out` is bound to something else or is not a run directory. Writes nothing."""
     path = out / RUN_FILE
+    if out.exists() and not out.is_dir():
+        raise InputError(f"'{out}' is a file, not a folder; choose another -o")
     if path.is_file():
         try:
-            run = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
+            run = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise InputError(f"{path} is unreadable ({e.__class__.__name__}); use another -o") from None
-        if not isinstance(run, dict) or run.get("format") != RUN_FORMAT:
+        if not isinstance(run, dict) or run.get("format") != RUN_FORMAT or not isinstance(run.get("files", {}), dict):
             raise InputError(f"{path} is not a longctx ruler run file; use another -o")
-        old = run.get("binding", {})
+        old = run.get("binding")
+        old = old if isinstance(old, dict) else {}
         for key, label in _LABELS.items():
             if old.get(key) != binding[key]:
                 if key == "fingerprint":
@@ -42,13 +56,11 @@ def bind(out: Path, binding: dict[str, Any]) -> dict[str, Any]:
                 a, b = json.dumps(old.get(key)), json.dumps(binding[key])
                 raise InputError(f"run directory '{out}' was made with a different {label} ({a[:60]}, now {b[:60]}); "
                                  "use another -o or the same settings")
+        run.setdefault("files", {})
         return run
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and any(not p.name.startswith(f".{TASKS_DIR}.{STAGE_TAG}-") for p in out.iterdir()):
         raise InputError(f"'{out}' exists and is not a longctx ruler run directory; choose another -o")
-    out.mkdir(parents=True, exist_ok=True)
-    run = {"format": RUN_FORMAT, "binding": binding, "files": {}}
-    write_json(path, run)
-    return run
+    return {"format": RUN_FORMAT, "binding": binding, "files": {}}
 
 
 def record_task_files(out: Path, run: dict[str, Any], files: dict[str, dict]) -> None:
@@ -60,3 +72,81 @@ def record_task_files(out: Path, run: dict[str, Any], files: dict[str, dict]) ->
             raise InputError(f"task file {rel} differs from the one this run directory's predictions were made "
                              "from (task data or generator changed); use another -o")
         run["files"][rel] = entry["sha256"]
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """`dst` as a copy of the folder `src`, its files hard links where the file system allows (task files are
+    only ever replaced, never written in place, so the links never change the originals)."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for p in sorted(src.rglob("*")):
+        rel = p.relative_to(src)
+        if any(part.startswith(".") for part in rel.parts):  # another writer's temporary files
+            continue
+        target = dst / rel
+        if p.is_dir() and not p.is_symlink():
+            target.mkdir(parents=True, exist_ok=True)
+        elif p.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(p, target)
+            except OSError:
+                shutil.copy2(p, target)
+
+
+class StagedRun:
+    """A staging folder for the task files (`tasks`, made from the run directory's own when it has some) and
+    run.json of the run directory `out`; `commit(run)` moves them into `out` (making it, when new)."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.fresh = not out.exists()
+        # a new run directory is staged in the nearest folder that exists: a refusal leaves no parents behind
+        where = next(p for p in out.absolute().parents if p.is_dir()) if self.fresh else out
+        name = out.name if self.fresh else TASKS_DIR
+        try:
+            self.root: Path | None = make_temp_dir(where, name, STAGE_TAG)
+        except OSError as e:
+            raise InputError(f"cannot write in '{where}' ({e.strerror or e.__class__.__name__}); "
+                             "choose another -o") from None
+        self.tasks = self.root / TASKS_DIR
+        if not self.fresh and (out / TASKS_DIR).is_dir():
+            _link_tree(out / TASKS_DIR, self.tasks)
+
+    def commit(self, run: dict[str, Any]) -> None:
+        """Move the task files in, then write run.json (so a run.json always names files that are there)."""
+        assert self.root is not None
+        if self.fresh:
+            write_json(self.root / RUN_FILE, run)
+            mark_output(self.root, RULER_RUN_KIND)
+            self.out.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.rename(self.root, self.out)
+            except OSError:
+                raise InputError(f"'{self.out}' appeared while this run was preparing it; nothing was written "
+                                 "there: rerun, or choose another -o") from None
+            self.root = None
+            return
+        live = self.out / TASKS_DIR
+        if self.tasks.is_dir():
+            if live.exists():
+                os.rename(live, self.root / f"{TASKS_DIR}.old")
+            os.rename(self.tasks, live)
+        write_json(self.out / RUN_FILE, run)
+        if output_kind(self.out) != RULER_RUN_KIND:
+            mark_output(self.out, RULER_RUN_KIND)
+        self.discard()
+
+    def discard(self) -> None:
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+            self.root = None
+
+
+@contextlib.contextmanager
+def staged_run(out: Path) -> Iterator[StagedRun]:
+    """A `StagedRun` for `out` that vanishes unless committed in the block."""
+    stage = StagedRun(out)
+    try:
+        yield stage
+    finally:
+        stage.discard()

@@ -12,12 +12,19 @@ import os
 from pathlib import Path
 
 
+def _is_record(rec) -> bool:
+    """A prediction line as `PredictionWriter` writes them (anything else, e.g. a line edited by hand, is
+    skipped: its sample is predicted again)."""
+    return (isinstance(rec, dict) and isinstance(rec.get("index"), int) and not isinstance(rec["index"], bool)
+            and rec["index"] >= 0 and isinstance(rec.get("pred"), str) and isinstance(rec.get("outputs"), list))
+
+
 def read_predictions(path: Path) -> dict[int, dict]:
     """index -> record for the complete lines of `path` (first record wins on a duplicate index)."""
     out: dict[int, dict] = {}
     if not path.is_file():
         return out
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             if not line.endswith("\n"):
                 break  # torn last line
@@ -25,7 +32,8 @@ def read_predictions(path: Path) -> dict[int, dict]:
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            out.setdefault(int(rec["index"]), rec)
+            if _is_record(rec):
+                out.setdefault(rec["index"], rec)
     return out
 
 

@@ -6,7 +6,9 @@ Run directory layout:
   pred/<length>/<task>.jsonl     predictions, one line per sample, flushed per line
   scores.json                    per task x length score, nulls, samples (read by longctx.report)
 A rerun continues where the last one stopped; a rerun with another checkpoint, tokenizer, task
-settings, backend or sampling is refused, never mixed in.
+settings, backend or sampling is refused, never mixed in. Every refusal (missing or broken data, a sample
+beyond the checkpoint, a directory bound to other settings) comes before anything is written to the run
+directory or logged: new task files are made in a staging folder and moved in with run.json after the checks.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from longctx.core.errors import InputError
-from longctx.core.files import write_json
+from longctx.core.files import check_apart, write_json
 from longctx.core.hashing import hash_json
 from longctx.eval.backends import Request, make_backend
-from longctx.eval.binding import RUN_FILE, SAMPLING, bind, record_task_files
+from longctx.eval.binding import SAMPLING, TASKS_DIR, check_run_dir, record_task_files, staged_run
 from longctx.eval.predictions import PredictionWriter, read_predictions
 from longctx.eval.scoring import score_predictions
 from longctx.eval.settings import RulerRunSettings
@@ -42,14 +44,14 @@ class RunOutcome:
     scores_file: Path | None = None
 
 
-def _check_engine_room(out: Path, lengths: list[int], specs, n_special: int, max_model_len: int) -> None:
+def _check_engine_room(tasks: Path, lengths: list[int], specs, n_special: int, max_model_len: int) -> None:
     """RULER counts a sample's prompt + generation without special tokens (BOS): refuse one that, with what
-    the engine adds, does not fit the checkpoint."""
+    the engine adds, does not fit the checkpoint (`tasks`: the task folder, before it is moved into the run)."""
     if lengths[-1] + n_special <= max_model_len:
         return
     need = 0
     for s in specs:
-        with open(out / "tasks" / str(lengths[-1]) / f"{s.name}.jsonl", encoding="utf-8") as f:
+        with open(tasks / str(lengths[-1]) / f"{s.name}.jsonl", encoding="utf-8") as f:
             need = max([need, *(json.loads(line)["length"] + n_special for line in f)])
     if need > max_model_len:
         raise InputError(f"a {lengths[-1]}-token sample needs {need} tokens with the {n_special} special "
@@ -61,7 +63,7 @@ def _requests(out: Path, lengths: list[int], specs, done: dict) -> Iterator[Requ
     for L in lengths:
         for s in specs:
             skip = done[(L, s.name)]
-            with open(out / "tasks" / str(L) / f"{s.name}.jsonl", encoding="utf-8") as f:
+            with open(out / TASKS_DIR / str(L) / f"{s.name}.jsonl", encoding="utf-8") as f:
                 # Predictions are keyed by the sample's line number, not the task file's `index`: upstream
                 # NIAH overwrites `index` with the answer's character offset, which repeats across samples.
                 for sample, line in enumerate(f):
@@ -110,8 +112,9 @@ def _score(out: Path, lengths, specs, files: dict) -> list[dict[str, Any]]:
     rows = []
     for L in lengths:
         for s in specs:
-            preds = read_predictions(out / "pred" / str(L) / f"{s.name}.jsonl")
             expected = files[f"{L}/{s.name}.jsonl"]["samples"]
+            preds = {i: p for i, p in read_predictions(out / "pred" / str(L) / f"{s.name}.jsonl").items()
+                     if i < expected}
             if len(preds) != expected:
                 raise RuntimeError(f"{L}/{s.name}: {len(preds)} predictions for {expected} samples")
             ordered = [preds[i] for i in sorted(preds)]
@@ -126,8 +129,8 @@ def run_ruler(s: RulerRunSettings, *, engine=None, progress: bool = True, log: C
     """Evaluate `s.checkpoint` on RULER at `s.lengths` into `s.output`.
 
     `engine`: an existing `vllm.LLM` to reuse (tests, benchmarks). `on_prediction(record)` is called
-    after each prediction is written. Bad input raises `InputError`/`RulerInputError` before any
-    prediction is made.
+    after each prediction is written. Bad input raises `InputError`/`RulerInputError` before anything is
+    written to `s.output` (a new one is not made) or passed to `log`.
     """
     from longctx.checkpoint.describe import model_info
     from longctx.checkpoint.directory import checkpoint_dir, fingerprint, read_config, versions
@@ -146,37 +149,43 @@ def run_ruler(s: RulerRunSettings, *, engine=None, progress: bool = True, log: C
     lengths = s.lengths
     check_context(ckpt, rope, lengths[-1])
     out = Path(s.output)
-    out_real, ck_real = out.resolve(), ckpt.resolve()
-    if out_real == ck_real or out_real.is_relative_to(ck_real) or ck_real.is_relative_to(out_real):
-        raise InputError(f"output '{out}' would overlap the checkpoint '{ckpt}'; choose another -o")
+    check_apart(out, [("checkpoint", ckpt)])
 
-    # an openai endpoint first: an unreachable one is refused before anything is generated or written
+    # Every refusal comes before anything is written to the run directory or printed: the new task files and
+    # run.json are made in a staging folder and moved in once the checks that need them have passed.
+    # An openai endpoint first: an unreachable one is refused before anything is generated.
     bk = make_backend(s, str(ckpt), 0) if s.backend == "openai" else None
-    tok = load_tokenizer(ckpt)
-    fp = fingerprint(ckpt)
-    n_special = special_tokens_added(tok)
-    ctx = rope.context_length
-    max_model_len = lengths[-1] + n_special if ctx is None else min(ctx, lengths[-1] + n_special)
-    bk = bk or make_backend(s, str(ckpt), max_model_len, engine)
-    binding = {"fingerprint": fp, "tokenizer": tokenizer_fingerprint(tok), "seed": s.seed, "samples": s.samples,
-               "template": s.template, "backend": s.backend, "sampling": SAMPLING}
-    run = bind(out, binding)
+    try:
+        tok = load_tokenizer(ckpt)
+        fp = fingerprint(ckpt)
+        n_special = special_tokens_added(tok)
+        ctx = rope.context_length
+        max_model_len = lengths[-1] + n_special if ctx is None else min(ctx, lengths[-1] + n_special)
+        bk = bk or make_backend(s, str(ckpt), max_model_len, engine)
+        binding = {"fingerprint": fp, "tokenizer": tokenizer_fingerprint(tok), "seed": s.seed,
+                   "samples": s.samples, "template": s.template, "backend": s.backend, "sampling": SAMPLING}
+        run = check_run_dir(out, binding)
+        t0 = time.perf_counter()
+        with staged_run(out) as stage:
+            manifest = prepare(tok, lengths, [t.name for t in specs], s.samples, s.seed, s.template, s.data_dir,
+                               s.essay, s.squad, s.hotpotqa, stage.tasks, progress=progress).manifest
+            t_prep = time.perf_counter() - t0
+            files = {f"{L}/{t.name}.jsonl": manifest["files"][f"{L}/{t.name}.jsonl"] for L in lengths for t in specs}
+            record_task_files(out, run, files)
+            _check_engine_room(stage.tasks, lengths, specs, n_special, max_model_len)
+            run["model"] = model_info(ckpt, fp)
+            run["backend"] = bk.settings()
+            stage.commit(run)
+    except BaseException:
+        if bk is not None:
+            bk.close()
+        raise
 
-    t0 = time.perf_counter()
-    manifest = prepare(tok, lengths, [t.name for t in specs], s.samples, s.seed, s.template, s.data_dir, s.essay,
-                       s.squad, s.hotpotqa, out / "tasks", progress=progress).manifest
-    t_prep = time.perf_counter() - t0
-    files = {f"{L}/{t.name}.jsonl": manifest["files"][f"{L}/{t.name}.jsonl"] for L in lengths for t in specs}
-    record_task_files(out, run, files)
-    run["model"] = model_info(ckpt, fp)
-    run["backend"] = bk.settings()
-    write_json(out / RUN_FILE, run)
-    _check_engine_room(out, lengths, specs, n_special, max_model_len)
-
-    done = {(L, t.name): set(read_predictions(out / "pred" / str(L) / f"{t.name}.jsonl"))
-            for L in lengths for t in specs}
+    done = {(L, t.name): {i for i in read_predictions(out / "pred" / str(L) / f"{t.name}.jsonl")
+                          if i < files[f"{L}/{t.name}.jsonl"]["samples"]} for L in lengths for t in specs}
     reused = sum(len(v) for v in done.values())
     total = sum(entry["samples"] for entry in files.values())
+    say(f"lengths: {', '.join(map(str, lengths))}")
     say(f"max_model_len {max_model_len}; {total} samples, {reused} already predicted, {total - reused} to go "
         f"({s.backend})")
     t0 = time.perf_counter()

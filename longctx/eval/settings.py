@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from longctx.core.errors import ref
+from longctx.core.errors import InputError, ref
 from longctx.core.kinds import Bool, Choice, Count, Float, Int, Lengths, LocalPath, Names, Source, Text
 from longctx.core.settings import REQUIRED, Settings, setting
 from ruler_tasks.templates import TEMPLATE_NAMES
@@ -25,7 +25,8 @@ class RulerTaskSettings(Settings):
     template: str = setting("base", Choice(TEMPLATE_NAMES, "template"),
                             "base: RULER's plain prompt; chat: the tokenizer's chat template, answer prefix in the "
                             "assistant turn.")
-    data_dir: str | None = setting(None, LocalPath(), "Folder with essay.json, squad.json and hotpotqa.json.")
+    data_dir: str | None = setting(None, LocalPath(directory=True),
+                                   "Folder with essay.json, squad.json and hotpotqa.json.")
     essay: str | None = setting(None, Source(), "Essay haystack (RULER's PaulGrahamEssays.json format): a file or "
                                                 "hf:<dataset id>.")
     squad: str | None = setting(None, Source(), "SQuAD v2.0 dev (for qa_1): a file or hf:<dataset id>.")
@@ -49,16 +50,17 @@ class RulerTaskSettings(Settings):
 class PrepareSettings(RulerTaskSettings):
     tokenizer: str | None = setting(None, Text(), "Tokenizer directory (or checkpoint) that counts the lengths.",
                                     cli_required=True, recipe=False)
-    output: str | None = setting(None, LocalPath(), "Output folder: <length>/<task>.jsonl + manifest.", short="-o",
-                                 recipe=False, cli_required=True)
+    output: str | None = setting(None, LocalPath(directory=True), "Output folder: <length>/<task>.jsonl + manifest.",
+                                 short="-o", recipe=False, cli_required=True)
 
 
 @dataclass(frozen=True)
 class RulerRunSettings(RulerTaskSettings):
     checkpoint: str | None = setting(None, Text(), "Checkpoint to evaluate.", cli="argument", recipe=False,
                                      cli_required=True)
-    output: str | None = setting(None, LocalPath(), "Run directory (resumable: rerun the same command to continue).",
-                                 short="-o", recipe=False, cli_required=True)
+    output: str | None = setting(None, LocalPath(directory=True),
+                                 "Run directory (resumable: rerun the same command to continue).", short="-o",
+                                 recipe=False, cli_required=True)
     backend: str = setting("vllm", Choice(BACKENDS, "backend"),
                            "vllm (offline engine), openai (an OpenAI-compatible server) or hf (transformers).")
     dtype: str | None = setting(None, Choice(DTYPES, "dtype"), "Weights dtype [default: auto, the checkpoint's].",
@@ -82,3 +84,13 @@ class RulerRunSettings(RulerTaskSettings):
         super().check()
         if self.backend == "openai" and not self.base_url:
             raise self.error(f"{ref('backend')} openai needs {ref('base_url')} (e.g. http://127.0.0.1:8000/v1)")
+
+    def check_inputs(self) -> None:
+        from longctx.checkpoint.load import check_device
+
+        # What the machine has, like a file: checked when a recipe loads, not when its ruler stage starts.
+        if self.backend == "hf":
+            try:
+                check_device(self.device, ref("device"))
+            except InputError as e:
+                raise self.error(str(e)) from None

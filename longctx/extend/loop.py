@@ -15,14 +15,14 @@ import contextlib
 import json
 import os
 import random
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from longctx.core.errors import InputError
-from longctx.core.files import write_atomic, write_json
+from longctx.core.files import (CHECKPOINT_KIND, check_output, make_output, output_kind, remove_output, write_atomic,
+                                write_json)
 from longctx.extend.output import LOG_FILE, write_output
 from longctx.extend.plan import Plan, check_parallelism, resolve_plan
 from longctx.extend.settings import ExtendSettings
@@ -32,6 +32,7 @@ SETTINGS_FILE = "settings.json"
 # Settings a resumed run may change: they do not change what the run computes. The checkpoint is
 # compared by fingerprint instead of by path.
 RESUME_FREE_FIELDS = ("checkpoint", "resume", "overwrite", "save_every", "gradient_checkpointing", "cache_dir")
+WORK_KIND = "extend work folder"
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ def work_dir(output: str | os.PathLike) -> Path:
 def _validate(s: ExtendSettings, world_size: int, cuda: bool) -> tuple[Path, dict[str, Any], list[str]]:
     """Check what the settings alone cannot (the checkpoint, the launch, the output) before anything is
     written; returns (checkpoint dir, new config, notes)."""
-    from longctx.checkpoint.directory import check_output_dir, checkpoint_dir, read_config
+    from longctx.checkpoint.directory import checkpoint_dir, read_config
     from longctx.checkpoint.rope import read_rope, set_rope_base
     from longctx.checkpoint.tokenizer import require_tokenizer_files
 
@@ -70,9 +71,10 @@ def _validate(s: ExtendSettings, world_size: int, cuda: bool) -> tuple[Path, dic
     new_cfg, _ = set_rope_base(cfg, s.rope_base if s.rope_base is not None else rope.theta, s.seq_len)
     require_tokenizer_files(ckpt)
     out = Path(s.output)
-    check_output_dir(out, [ckpt], s.overwrite)
+    check_output(out, CHECKPOINT_KIND, inputs=[("input checkpoint", ckpt)], overwrite=s.overwrite)
     work = work_dir(out)
-    if work.exists() and not (s.resume or s.overwrite):
+    check_output(work, WORK_KIND, inputs=[("input checkpoint", ckpt)])
+    if output_kind(work) is not None and not (s.resume or s.overwrite):
         raise InputError(f"work folder '{work}' exists from an earlier run; pass --resume to continue it "
                          "or --overwrite to start over")
     return ckpt, new_cfg, notes
@@ -115,9 +117,10 @@ def _start_work(acc, s: ExtendSettings, work: Path, saved: dict | None, source_f
         resume_from = latest_step_dir(work)
     acc.wait_for_everyone()  # every rank has read the work folder before the main process changes it
     if acc.is_main_process and resume_from is None:
-        # _validate allowed an existing folder only with --overwrite, or --resume (nothing saved yet: redo it).
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
+        # _validate allowed an existing (longctx-made) folder only with --overwrite, or --resume (nothing
+        # saved yet: redo it).
+        remove_output(work, WORK_KIND)
+        make_output(work, WORK_KIND)
         record = {"settings": _settings_record(s), "source_fingerprint": source_fp, "data_fingerprint": ds.fingerprint}
         write_json(work / SETTINGS_FILE, record, indent=1)
         (work / LOG_FILE).write_text("")

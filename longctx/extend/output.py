@@ -42,14 +42,14 @@ def write_output(acc, module, ckpt: Path, new_cfg: dict[str, Any], s: ExtendSett
     only the RoPE base and length changed, its side files, the training log and provenance."""
     from longctx.checkpoint.directory import copy_side_files, read_config, write_provenance
     from longctx.checkpoint.rope import read_rope
-    from longctx.core.files import atomic_dir, write_json
+    from longctx.core.files import CHECKPOINT_KIND, atomic_dir, write_json
 
     sd = _full_state_dict(acc, module)
     if not acc.is_main_process:
         return
     dtype = _save_dtype(new_cfg)
     lm = acc.unwrap_model(module).lm
-    with atomic_dir(Path(s.output)) as tmp:
+    with atomic_dir(Path(s.output), CHECKPOINT_KIND) as tmp:
         lm.save_pretrained(tmp, state_dict={k: v.detach().to("cpu", dtype) for k, v in sd.items()},
                            max_shard_size=MAX_SHARD_SIZE)
         copy_side_files(ckpt, tmp)

@@ -47,8 +47,10 @@ class ExtendSettings(Settings):
                                                          "memory).")
     cp_size: int = setting(1, Int(minimum=1), "Context-parallel ranks per sequence (GPUs; causal attention, no "
                                               "document masking).")
-    cache_dir: str | None = setting(None, LocalPath(), "Tokenized-data cache [default: ~/.cache/longctx/data].")
-    output: str | None = setting(None, LocalPath(), "Output checkpoint directory.", short="-o", recipe=False,
+    cache_dir: str | None = setting(None, LocalPath(directory=True),
+                                    "Tokenized-data cache [default: ~/.cache/longctx/data].")
+    output: str | None = setting(None, LocalPath(directory=True), "Output checkpoint directory.", short="-o",
+                                 recipe=False,
                                  cli_required=True)
     resume: bool = setting(False, Bool(), "Continue from the latest state in OUTPUT.train/ (same settings).",
                            recipe=False)

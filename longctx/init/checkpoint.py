@@ -64,21 +64,22 @@ def init_checkpoint(s: InitSettings) -> InitResult:
     import torch
     from transformers import GenerationConfig
 
-    from longctx.checkpoint.directory import check_output_dir, write_provenance
-    from longctx.core.files import atomic_dir
+    from longctx.checkpoint.directory import write_provenance
+    from longctx.core.files import CHECKPOINT_KIND, atomic_dir, check_output
     from longctx.init.presets import PRESET_DTYPES, model_config, parameter_count
     from longctx.models.gated_qwen3 import causal_lm_class
 
     s.check_inputs()
     out = Path(s.output)
     dtype = s.dtype or PRESET_DTYPES[s.preset]
-    check_output_dir(out, [] if s.tokenizer in TOKENIZER_CHOICES else [Path(s.tokenizer)], s.overwrite)
+    tokenizer = [] if s.tokenizer in TOKENIZER_CHOICES else [("tokenizer", Path(s.tokenizer))]
+    check_output(out, CHECKPOINT_KIND, inputs=tokenizer, overwrite=s.overwrite)
     overrides = dict(s.config)
     if s.tie_embeddings is not None:
         overrides["tie_word_embeddings"] = s.tie_embeddings
     if s.config:
         _check_config(s, overrides)
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, CHECKPOINT_KIND) as tmp:
         tok = _write_tokenizer(s, tmp)
         ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
         config = model_config(s.preset, s.attention, len(tok), s.match_params, **{**ids, **overrides})

@@ -54,13 +54,13 @@ def write_tiny_qwen3(out: str | os.PathLike, tokenizer_dir: str | os.PathLike | 
 
     from longctx.checkpoint.directory import copy_side_files, is_tokenizer_file
     from longctx.checkpoint.tokenizer import write_reference_tokenizer
-    from longctx.core.files import atomic_dir
+    from longctx.core.files import CHECKPOINT_KIND, atomic_dir
 
     out = Path(out)
     config = Qwen3Config(**{**TINY_QWEN3, **overrides}, architectures=["Qwen3ForCausalLM"])
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config).eval()
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, CHECKPOINT_KIND) as tmp:
         model.save_pretrained(tmp, max_shard_size="2GB")
         GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id).save_pretrained(tmp)
         if tokenizer_dir is None:

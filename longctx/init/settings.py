@@ -29,7 +29,7 @@ class TokenizerSpec(Text):
 
 @dataclass(frozen=True)
 class InitSettings(Settings):
-    output: str | None = setting(None, LocalPath(), "Checkpoint directory to write.", cli="argument",
+    output: str | None = setting(None, LocalPath(directory=True), "Checkpoint directory to write.", cli="argument",
                                  recipe=False, cli_required=True)
     preset: str = setting(REQUIRED, Choice(PRESETS, "preset"), "Model shape: tiny (seconds on CPU) or paper-1.7b.")
     attention: str = setting(REQUIRED, Choice(VARIANTS, "attention variant"),

@@ -18,6 +18,7 @@ from typing import Any
 from longctx.core.errors import InputError
 from longctx.core.settings import Settings
 from longctx.eval.settings import RulerRunSettings
+from longctx.init.settings import TOKENIZER_CHOICES
 from longctx.recipe.load import Model, Recipe, reachable_length, source_length, trained_length
 from longctx.recipe.sections import CHECKPOINT_STAGES, TRAIN_STAGES
 from longctx.report.settings import CompareSettings
@@ -119,8 +120,32 @@ def _evaluation_steps(recipe: Recipe, m: Model, mdir: Path, ckpts: dict[str, Pat
     return steps
 
 
+def _recipe_inputs(recipe: Recipe) -> list[tuple[str, Path]]:
+    """(recipe key, path) of the files a recipe takes from outside its run."""
+    found = []
+    for m in recipe.models:
+        where = f"models.{m.name}"
+        if m.source == "checkpoint":
+            found.append((f"{where}.checkpoint", m.checkpoint))
+        elif m.source == "convert":
+            found.append((f"{where}.convert.source", Path(m.settings.source)))
+        elif m.settings.tokenizer not in TOKENIZER_CHOICES:
+            found.append((f"{where}.init.tokenizer", Path(m.settings.tokenizer)))
+    return found
+
+
+def _check_inputs_outside(recipe: Recipe, out: Path) -> None:
+    """A stage that runs again first removes its folder: an input inside the run's output would go with it."""
+    root = out.resolve()
+    for key, path in _recipe_inputs(recipe):
+        if path.resolve().is_relative_to(root):
+            raise InputError(f"{recipe.path}: {key} '{path}' lies inside this run's output folder '{out}', whose "
+                             "stage folders a rerun replaces; move it out of there or choose another -o")
+
+
 def plan(recipe: Recipe, out: Path) -> list[Step]:
-    """Every stage of every model, then compare."""
+    """Every stage of every model, then compare; InputError when an input lies inside `out`."""
+    _check_inputs_outside(recipe, out)
     steps: list[Step] = []
     ruler_runs: dict[str, list[Path]] = {}
     for m in recipe.models:

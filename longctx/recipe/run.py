@@ -26,13 +26,14 @@ from typing import Any
 
 from longctx.core.clock import utc_timestamp
 from longctx.core.errors import InputError, SettingError
-from longctx.core.files import write_json
+from longctx.core.files import make_output, write_json
 from longctx.core.hashing import hash_json
 from longctx.core.kinds import Bool, Choice, LocalPath, did_you_mean
 from longctx.core.settings import REQUIRED, Settings, setting
 from longctx.recipe.load import Recipe, load_recipe
 from longctx.recipe.plan import Step, launch_command, machine_rank, plan
 from longctx.recipe.sections import MODEL_SECTIONS, MODEL_STAGES, STAGE_SECTIONS
+from longctx.report.compare import COMPARISON_KIND
 
 # What `--from` accepts: the model sources that are stages of their own, then the stages in order.
 FROM_STAGES = ("init", "convert", *MODEL_STAGES, "compare")
@@ -42,7 +43,8 @@ MARKER = "stage.json"
 @dataclass(frozen=True)
 class RunSettings(Settings):
     recipe: str = setting(REQUIRED, LocalPath(), "Recipe to run (recipes/*.yaml).", cli="argument")
-    output: str | None = setting(None, LocalPath(), "Output folder [default: runs/<recipe name>].", short="-o")
+    output: str | None = setting(None, LocalPath(directory=True), "Output folder [default: runs/<recipe name>].",
+                                 short="-o")
     from_stage: str | None = setting(None, Choice(FROM_STAGES, "stage"), "Rerun from this stage on; the stages "
                                                                          "before it must have run.", flag="--from")
     dry_run: bool = setting(False, Bool(), "Print the plan (settings, outputs, run/skip, launch lines); run nothing.")
@@ -133,7 +135,7 @@ def _run_ruler(step: Step, log: Callable[[str], None]) -> None:
     from longctx.report.run import write_report
 
     for job in step.jobs:
-        log(f"ruler {Path(job.output).name}: lengths {', '.join(map(str, job.lengths))}")
+        log(f"ruler {Path(job.output).name}")
         run_ruler(job, log=log)
         log(write_report(job.output, plot=job.plot).markdown.split("\n\n")[0])
 
@@ -276,6 +278,8 @@ def _run_steps(recipe: Recipe, steps: list[Step], from_stage: str | None, log: C
         if s.status == "run" and s.dir.exists():
             shutil.rmtree(s.dir)
         s.dir.mkdir(parents=True, exist_ok=True)
+        if s.stage == "compare":  # its stage folder is the comparison's output folder
+            make_output(s.dir, COMPARISON_KIND)
         marker = {"stage": s.stage, "model": s.model, "key": stage_key(s), "settings": s.settings,
                   "inputs": [str(p) for p in s.inputs], "outputs": [str(p) for p in s.outputs], "complete": False,
                   "started": utc_timestamp()}

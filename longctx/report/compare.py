@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from longctx.core.errors import InputError
-from longctx.core.files import write_atomic
+from longctx.core.files import check_output, make_output, write_atomic
 from longctx.core.units import length_label
 from longctx.report.results import Results, load_results, mean, per_length_means
 from longctx.report.settings import CompareSettings
 from longctx.report.tables import fmt, markdown_row
+
+COMPARISON_KIND = "comparison"  # its `longctx.core.files` output marker
 
 
 @dataclass
@@ -172,7 +174,7 @@ def _write(cmp: Comparison, table: _Table, out: Path) -> None:
     from longctx.report.plots import plot_lines
     from longctx.report.sinks import plot_sinks
 
-    out.mkdir(parents=True, exist_ok=True)
+    make_output(out, COMPARISON_KIND)
     write_atomic(out / "compare.md", cmp.markdown + "\n")
     later = [L for L in table.lengths if L > table.reference]
     buf = io.StringIO()
@@ -203,6 +205,8 @@ def compare(s: CompareSettings) -> Comparison:
     dirs = [Path(d) for d in s.runs]
     if s.baseline is not None and Path(s.baseline) not in dirs:
         dirs.append(Path(s.baseline))
+    if s.output is not None:
+        check_output(Path(s.output), COMPARISON_KIND, inputs=[("run", d) for d in dirs])
     runs = [load_results(d) for d in dirs]
     names = _unique_names(runs, dirs)
     notes: list[str] = []

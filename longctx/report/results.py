@@ -11,6 +11,7 @@ the lengths in ascending order; effective length the longest length whose mean i
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, TypedDict
@@ -84,8 +85,100 @@ def _int_keys(d: dict) -> dict:
     return {int(k): v for k, v in d.items()}
 
 
+def _number(v: Any) -> bool:
+    """A number or null (a score, a count, a mean)."""
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def _length(v: Any) -> bool:
+    if isinstance(v, str):
+        v = int(v) if v.isdigit() else None
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _names(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(x, str) and x for x in v)
+
+
+_SCORES_KEYS = ("model", "backend", "sampling", "template", "upstream", "task_set", "seeds", "versions",
+                "task_versions", "timings")
+
+
+def _scores_problem(doc: Any) -> str | None:
+    """What a scores.json lacks that `build_results` reads (None: nothing)."""
+    if not isinstance(doc, dict):
+        return "it is not a JSON object"
+    missing = [k for k in ("lengths", "tasks", "scores", *_SCORES_KEYS) if k not in doc]
+    if missing:
+        return f"it has no {', '.join(repr(k) for k in missing)}"
+    if not isinstance(doc["lengths"], list) or not doc["lengths"] or not all(map(_length, doc["lengths"])):
+        return "'lengths' is not a list of lengths"
+    if not _names(doc["tasks"]):
+        return "'tasks' is not a list of task names"
+    if not isinstance(doc["model"], dict):
+        return "'model' is not an object"
+    if not isinstance(doc["scores"], list):
+        return "'scores' is not a list"
+    lengths = {int(L) for L in doc["lengths"]}
+    for i, row in enumerate(doc["scores"]):
+        if not (isinstance(row, dict) and row.get("task") in doc["tasks"] and _length(row.get("length"))
+                and int(row["length"]) in lengths and isinstance(row.get("metric"), str)
+                and all(k in row and _number(row[k]) for k in ("score", "nulls", "samples"))):
+            return f"'scores' row {i} is not a task, length, metric, score, nulls and samples of this run"
+    return None
+
+
+def _results_problem(doc: dict) -> str | None:
+    """What a results.json lacks that `load_results`' readers (compare, the tables) read (None: nothing)."""
+    missing = [k for k in ("model", "lengths", "tasks", "metrics", "scores", "nulls", "samples", "per_length",
+                           "avg", "wavg_inc", "wavg_dec", "effective_length") if k not in doc]
+    if missing:
+        return f"it has no {', '.join(repr(k) for k in missing)}"
+    if not isinstance(doc["model"], dict):
+        return "'model' is not an object"
+    lengths, tasks = doc["lengths"], doc["tasks"]
+    if not isinstance(lengths, list) or not lengths or not all(isinstance(L, int) and _length(L) for L in lengths):
+        return "'lengths' is not a list of lengths"
+    if not _names(tasks):
+        return "'tasks' is not a list of task names"
+    if not isinstance(doc["metrics"], dict) or not all(isinstance(doc["metrics"].get(t), str) for t in tasks):
+        return "'metrics' does not name the metric of every task"
+    for key in ("scores", "nulls", "samples"):
+        table = doc[key]
+        if not isinstance(table, dict):
+            return f"'{key}' is not an object"
+        for t in tasks:
+            row = table.get(t)
+            if not isinstance(row, dict) or not all(_length(k) and _number(v) for k, v in row.items()):
+                return f"'{key}' has no row of numbers by length for task {t}"
+            if any(str(L) not in row for L in lengths):
+                return f"'{key}' of task {t} lacks a length of 'lengths'"
+    pl = doc["per_length"]
+    if not isinstance(pl, dict) or not all(_length(k) and _number(v) for k, v in pl.items()):
+        return "'per_length' is not numbers by length"
+    if not all(_number(doc[k]) for k in ("avg", "wavg_inc", "wavg_dec", "effective_length")):
+        return "'avg', 'wavg_inc', 'wavg_dec' and 'effective_length' are not numbers or null"
+    return None
+
+
+def read_scores(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """A run directory's scores.json (written by `longctx ruler`), or InputError naming the file and what it
+    lacks."""
+    path = Path(run_dir) / SCORES_FILE
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"'{run_dir}' has no readable {SCORES_FILE} ({e.__class__.__name__}); "
+                         "run 'longctx ruler' first") from None
+    problem = _scores_problem(doc)
+    if problem is not None:
+        raise InputError(f"{path} is incomplete or corrupt: {problem}; rerun the 'longctx ruler' command that "
+                         "made it to write it again")
+    return doc
+
+
 def build_results(scores_doc: dict[str, Any]) -> Results:
-    """results.json content from a run's scores.json content."""
+    """results.json content from a run's scores.json content (as `read_scores` checked it)."""
     lengths = sorted(int(L) for L in scores_doc["lengths"])
     tasks = list(scores_doc["tasks"])
     scores = {t: {L: None for L in lengths} for t in tasks}
@@ -124,6 +217,10 @@ def load_results(run_dir: str | os.PathLike) -> Results:
         raise InputError(f"'{run_dir}' has no {RESULTS_FILE} (not a finished 'longctx ruler' run; "
                          f"finish it with 'longctx ruler CKPT ... -o {run_dir}')")
     doc = read_versioned_json(path, RESULTS_FORMAT, "results")
+    problem = _results_problem(doc)
+    if problem is not None:
+        raise InputError(f"{path} is incomplete or corrupt: {problem}; rerun the 'longctx ruler' command that "
+                         f"made {run_dir} to write it again")
     for key in ("scores", "nulls", "samples"):
         doc[key] = {t: _int_keys(row) for t, row in doc[key].items()}
     doc["per_length"] = _int_keys(doc["per_length"])

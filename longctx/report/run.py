@@ -3,7 +3,6 @@ results.png. Reads files only; never runs a model."""
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 from longctx.core.errors import InputError
 from longctx.core.files import write_atomic, write_json
 from longctx.report.plots import plot_results
-from longctx.report.results import RESULTS_FILE, SCORES_FILE, Results, build_results, to_json
+from longctx.report.results import RESULTS_FILE, Results, build_results, read_scores, to_json
 from longctx.report.tables import summary_markdown, task_csv, task_markdown
 
 
@@ -28,12 +27,7 @@ class Report:
 def write_report(run_dir: str | os.PathLike, plot: bool = True) -> Report:
     """Turn `run_dir/scores.json` into results.json, results.md, results.csv and results.png."""
     run = Path(run_dir)
-    try:
-        scores_doc = json.loads((run / SCORES_FILE).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputError(f"'{run}' has no readable {SCORES_FILE} ({e.__class__.__name__}); "
-                         "run 'longctx ruler' first") from None
-    results = build_results(scores_doc)
+    results = build_results(read_scores(run))
     rep = Report(results)
     write_json(run / RESULTS_FILE, to_json(results))
     rep.markdown = summary_markdown([results]) + "\n\n" + task_markdown(results)

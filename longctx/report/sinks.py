@@ -86,6 +86,32 @@ def plot_sinks(runs: Sequence[SinksResults | str | os.PathLike], out: str | os.P
 COMPARE_COLUMNS = ["First-token attn", "M-Act", "Gate mean"]
 
 
+def _num_or_null(v) -> bool:
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def _checked_sinks(path: str | os.PathLike) -> SinksResults:
+    """`load_sinks(path)`, or InputError naming the file and what it lacks of what compare reads."""
+    doc = load_sinks(path)
+    a, model = doc.get("averages"), doc.get("model")
+    problem = None
+    if not isinstance(model, dict):
+        problem = "it has no 'model' object"
+    elif not isinstance(a, dict) or not all(k in a and _num_or_null(a[k])
+                                            for k in ("first_token_attention", "m_act", "gate_mean")):
+        problem = "its 'averages' lack first_token_attention, m_act or gate_mean"
+    elif a["first_token_attention"] is None or a["m_act"] is None:
+        problem = "its 'averages' have no first_token_attention or m_act"
+    elif not (isinstance(doc.get("layers"), int) and all(
+            isinstance(doc.get(k), list) and len(doc[k]) == doc["layers"] and all(map(_num_or_null, doc[k]))
+            for k in ("first_token_attention", "m_act"))):
+        problem = "it has no per-layer first_token_attention and m_act for its 'layers'"
+    if problem is not None:
+        file = Path(path) / SINKS_FILE if Path(path).is_dir() else Path(path)
+        raise InputError(f"{file} is incomplete or corrupt: {problem}; run 'longctx sinks CKPT -o DIR' again")
+    return doc
+
+
 def sinks_for_runs(runs: Sequence[dict], dirs: Sequence[Path], extra: Sequence[str | os.PathLike] = ()
                    ) -> tuple[list[SinksResults | None], list[str]]:
     """The sinks results of each RULER run's checkpoint, matched by model fingerprint: `<run_dir>/sinks.json`
@@ -93,14 +119,14 @@ def sinks_for_runs(runs: Sequence[dict], dirs: Sequence[Path], extra: Sequence[s
     notes: list[str] = []
     by_fp: dict[str, SinksResults] = {}
     for path in extra:
-        doc = load_sinks(path)
+        doc = _checked_sinks(path)
         by_fp[doc["model"].get("fingerprint")] = doc
     found: list[SinksResults | None] = []
     for run, d in zip(runs, dirs):
         fp = run["model"].get("fingerprint")
         doc = by_fp.get(fp)
         if doc is None and (Path(d) / SINKS_FILE).is_file():
-            doc = load_sinks(d)
+            doc = _checked_sinks(d)
             if doc["model"].get("fingerprint") != fp:
                 notes.append(f"{Path(d) / SINKS_FILE} is for another checkpoint than the run; ignored")
                 doc = None

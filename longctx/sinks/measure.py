@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from longctx.core.errors import InputError
-from longctx.sinks.schema import DEFINITIONS, SINKS_FILE, SINKS_FORMAT, SinksResults
+from longctx.sinks.schema import DEFINITIONS, SINKS_FILE, SINKS_FORMAT, SINKS_KIND, SinksResults
 from longctx.sinks.settings import DEFAULT_MAX_LENGTH, SinksSettings
 
 
@@ -117,26 +117,27 @@ def measure_sinks(s: SinksSettings, progress: bool = True, log: Callable[[str], 
 
     from longctx.checkpoint.describe import model_info
     from longctx.checkpoint.directory import checkpoint_dir, fingerprint, read_config, versions
+    from longctx.checkpoint.load import model_config
     from longctx.checkpoint.rope import check_context, read_rope
     from longctx.checkpoint.tokenizer import load_tokenizer
     from longctx.core.clock import utc_timestamp
-    from longctx.core.files import write_json
+    from longctx.core.files import RULER_RUN_KIND, check_output, make_output, write_json
 
     t0 = time.time()
     s.check_inputs()
     ckpt = checkpoint_dir(s.checkpoint)
     rope = read_rope(read_config(ckpt))
     out = Path(s.output)
-    if out.resolve() == ckpt.resolve():
-        raise InputError(f"output '{out}' is the checkpoint directory; choose another -o")
-    if out.exists() and not out.is_dir():
-        raise InputError(f"output '{out}' exists and is not a directory; choose another -o")
+    check_output(out, (SINKS_KIND, RULER_RUN_KIND), inputs=[("checkpoint", ckpt)])
     length = s.length or min(rope.trained_length or DEFAULT_MAX_LENGTH, DEFAULT_MAX_LENGTH)
     check_context(ckpt, rope, length)
+    # Before any measuring: a config transformers cannot build, and a tokenizer that encodes text to nothing
+    # (a folder with tokenizer_config.json only), which would otherwise give numbers computed from no text.
+    model_config(ckpt)
+    tokenizer = load_tokenizer(ckpt)
     device = s.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = s.dtype or ("float32" if device == "cpu" else "auto")
     n_windows = math.ceil(s.tokens / length)
-    tokenizer = load_tokenizer(ckpt)
     spec = s.data or default_data_spec()
     windows, bos = token_windows(tokenizer, spec, n_windows, length, s.seed)
     fp = fingerprint(ckpt)
@@ -164,6 +165,6 @@ def measure_sinks(s: SinksSettings, progress: bool = True, log: Callable[[str], 
                  "total_s": round(t_done - t0, 3), "tokens_per_s": round(n_windows * length / (t_done - t_loaded), 1)},
         created=utc_timestamp(),
     )
-    out.mkdir(parents=True, exist_ok=True)
+    make_output(out, SINKS_KIND)
     write_json(out / SINKS_FILE, results)
     return SinksOutcome(results, out / SINKS_FILE)

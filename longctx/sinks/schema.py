@@ -12,6 +12,7 @@ from longctx.core.files import read_versioned_json
 
 SINKS_FORMAT = "longctx-sinks/1"
 SINKS_FILE = "sinks.json"
+SINKS_KIND = "sinks measurement"  # its `longctx.core.files` output marker
 GATE_BINS = 10_000  # histogram bins over [0, 1] for the gate median (error <= 1/GATE_BINS)
 
 DEFINITIONS = {

@@ -23,8 +23,8 @@ class SinksSettings(Settings):
     tokens: int = setting(DEFAULT_TOKENS, Count(), "Tokens to analyse, as ceil(tokens / length) windows (k = x1024).")
     length: int | None = setting(None, Length(), "Window length [default: the checkpoint's trained length, at most "
                                                  "4k].")
-    output: str | None = setting(None, LocalPath(), "Folder for sinks.json, sinks.md and sinks.png (a RULER run "
-                                                    "directory: compare then shows them).", short="-o", recipe=False,
+    output: str | None = setting(None, LocalPath(directory=True), "Folder for sinks.json, sinks.md and sinks.png "
+                                 "(a RULER run directory: compare then shows them).", short="-o", recipe=False,
                                  cli_required=True)
     batch_size: int = setting(1, Int(minimum=1), "Windows per forward.")
     chunk: int | None = setting(None, Int(minimum=1), "Queries per score chunk [default: the fp32 scores of one chunk "
@@ -41,8 +41,14 @@ class SinksSettings(Settings):
                              "tokens")
 
     def check_inputs(self) -> None:
+        from longctx.checkpoint.load import check_device
         from longctx.data.sources import check_data_specs
 
+        # The device is what the machine has, like a file: checked here, before the model is loaded onto it.
+        try:
+            check_device(self.device, ref("device"))
+        except InputError as e:
+            raise self.error(str(e)) from None
         if self.data is not None:
             try:
                 check_data_specs([self.data])

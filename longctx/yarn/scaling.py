@@ -126,18 +126,17 @@ class YarnResult:
 def yarn_checkpoint(s: YarnSettings) -> YarnResult:
     """Write a YaRN-scaled copy of `s.checkpoint` (weights hard-linked or copied unchanged, tokenizer and
     generation config copied, provenance in longctx.json), atomically."""
-    from longctx.checkpoint.directory import (check_output_dir, checkpoint_dir, copy_side_files, read_config,
-                                              write_provenance)
-    from longctx.core.files import atomic_dir, write_json
+    from longctx.checkpoint.directory import checkpoint_dir, copy_side_files, read_config, write_provenance
+    from longctx.core.files import CHECKPOINT_KIND, atomic_dir, check_output, write_json
 
     src = checkpoint_dir(s.checkpoint)
     cfg = read_config(src)
     result = apply_yarn(cfg, s.factor, s.original_max_position_embeddings, s.rescale, s.beta_fast, s.beta_slow,
                         s.truncate, s.config_format)
     out = Path(s.output) if s.output is not None else src.parent / f"{src.name}-yarn{s.factor:g}x"
-    check_output_dir(out, [src], s.overwrite)
+    check_output(out, CHECKPOINT_KIND, inputs=[("input checkpoint", src)], overwrite=s.overwrite)
     args = {k: v for k, v in s.record().items() if k not in ("checkpoint", "output", "overwrite")}
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, CHECKPOINT_KIND) as tmp:
         copy_side_files(src, tmp, link_weights=True)
         write_json(tmp / "config.json", result.config)
         write_provenance(tmp, "yarn", args, src)

@@ -17,8 +17,8 @@ class YarnSettings(Settings):
     factor: float = setting(REQUIRED, Factor(), "Context scaling factor, > 1 (4: 32k -> 128k).")
     original_max_position_embeddings: int | None = setting(
         None, Length(), "Length the model was trained at [default: the checkpoint's trained length].")
-    output: str | None = setting(None, LocalPath(), "Output directory [default: CHECKPOINT-yarn<factor>x].",
-                                 short="-o", recipe=False)
+    output: str | None = setting(None, LocalPath(directory=True),
+                                 "Output directory [default: CHECKPOINT-yarn<factor>x].", short="-o", recipe=False)
     rescale: bool = setting(False, Bool(), "Re-scale a checkpoint that is already YaRN-scaled.")
     overwrite: bool = setting(False, Bool(), "Replace the output directory if it exists.", recipe=False)
     beta_fast: float | None = setting(None, Float(0, low_open=True, words="a number > 0"),

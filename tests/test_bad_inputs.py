@@ -1,0 +1,173 @@
+"""Every verb's bad inputs, in one table: exit code 2, one `Error: ...` line, no traceback, nothing written.
+
+The world the cases run in (checkpoints with one defect each, a user's folder, a file, partial results) is made
+once; every case must leave all of it, byte for byte, as it was, and make nothing new beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import struct
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from longctx.cli.main import cli
+
+SENTINEL = "planted-code-ran"
+
+
+class _Planted:
+    """A pickle that, unpickled with full pickle, creates the sentinel file."""
+
+    def __reduce__(self):
+        return (os.system, (f"touch {SENTINEL}",))
+
+
+def _checkpoint_variants(root, good):
+    def copy(name):
+        shutil.copytree(good, root / name)
+        return root / name
+
+    def edit_config(name, **changes):
+        d = copy(name)
+        cfg = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**cfg, **changes}))
+
+    copy("ckpt")
+    edit_config("long", max_position_embeddings=2048)  # room for RULER's shortest lengths
+    d = copy("no-tokenizer")
+    for f in d.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            f.unlink()
+    d = copy("config-only-tokenizer")  # transformers builds an empty tokenizer from it
+    for f in d.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")) and f.name != "tokenizer_config.json":
+            f.unlink()
+    d = copy("truncated")
+    w = d / "model.safetensors"
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    d = copy("huge-header")
+    w = d / "model.safetensors"
+    w.write_bytes(struct.pack("<Q", 1 << 62) + w.read_bytes()[8:])
+    d = copy("not-json-header")
+    w = d / "model.safetensors"
+    data = w.read_bytes()
+    n = struct.unpack("<Q", data[:8])[0]
+    w.write_bytes(data[:8] + b"{" * n + data[8 + n:])
+    edit_config("length-not-a-number", max_position_embeddings="abc")
+    edit_config("factor-not-a-number", rope_parameters={"rope_type": "yarn", "rope_theta": 10000, "factor": "abc",
+                                                        "original_max_position_embeddings": 256})
+    d = copy("pickled-code")
+    (d / "model.safetensors").unlink()
+    with open(d / "pytorch_model.bin", "wb") as f:
+        pickle.dump({"model.embed_tokens.weight": _Planted()}, f)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, tiny_checkpoint):
+    root = tmp_path_factory.mktemp("world")
+    _checkpoint_variants(root, tiny_checkpoint)
+    (root / "mine").mkdir()
+    (root / "mine" / "notes.txt").write_text("not longctx's")
+    (root / "mine.train").mkdir()  # a user's folder where `extend -o mine` keeps its state
+    (root / "mine.train" / "notes.txt").write_text("not longctx's either")
+    (root / "afile").write_text("a file")
+    (root / "partial-run").mkdir()
+    (root / "partial-run" / "results.json").write_text(json.dumps({"format": "longctx-ruler-results/1"}))
+    inside = root / "runs" / "m" / "yarn" / "m-yarn"
+    shutil.copytree(tiny_checkpoint, inside)
+    (root / "inside.yaml").write_text(yaml.safe_dump({"models": {"m": {"checkpoint": str(inside)}},
+                                                      "yarn": {"factor": 2}}))
+    (root / "cuda.yaml").write_text(yaml.safe_dump({
+        "models": {"m": {"checkpoint": str(root / "long")}},
+        "ruler": {"lengths": "1k", "tasks": "vt", "samples": 1, "backend": "hf",
+                  "backend_options": {"device": "cuda"}}}))
+    return root
+
+
+def _snapshot(root):
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) if p.is_file() else None
+            for p in sorted(root.rglob("*"))}
+
+
+CASES = [
+    # info
+    ("info {w}/missing", "does not exist"),
+    ("info {w}/afile", "is not a directory"),
+    ("info {w}/truncated", "model.safetensors"),
+    ("info {w}/huge-header", "model.safetensors"),
+    ("info {w}/not-json-header", "model.safetensors"),
+    ("info {w}/length-not-a-number", "max_position_embeddings"),
+    ("info {w}/pickled-code", "pytorch_model.bin"),
+    # yarn
+    ("yarn {w}/ckpt --factor 2 --beta-fast nan -o {w}/new", "--beta-fast must be a number > 0, got nan"),
+    ("yarn {w}/ckpt --factor 2 --beta-fast -5 -o {w}/new", "--beta-fast must be a number > 0"),
+    ("yarn {w}/ckpt --factor 2 -o {w}/afile", "is a file, not a folder"),
+    ("yarn {w}/ckpt --factor 2 -o {w}/ckpt/inside", "lies inside the input checkpoint"),
+    ("yarn {w}/ckpt --factor 2 -o {w}/mine --overwrite", "exists and was not made by longctx"),
+    ("yarn {w}/truncated --factor 2 -o {w}/new", "model.safetensors"),
+    ("yarn {w}/factor-not-a-number --factor 2 -o {w}/new", "factor"),
+    ("yarn {w}/length-not-a-number --factor 2 -o {w}/new", "max_position_embeddings"),
+    # init
+    ("init {w}/afile --preset tiny --attention baseline", "is a file, not a folder"),
+    ("init {w}/mine --preset tiny --attention baseline --overwrite", "exists and was not made by longctx"),
+    # convert
+    ("convert {w}/pickled-code {w}/new --from official", "pytorch_model.bin"),
+    # extend
+    ("extend {w}/ckpt --rope-base 1e5 --seq-len 512 --data synthetic:mixed --steps 1 -o {w}/ckpt/inside",
+     "lies inside the input checkpoint"),
+    ("extend {w}/ckpt --rope-base 1e5 --seq-len 512 --data synthetic:mixed --steps 1 -o {w}/mine --resume",
+     "exists and was not made by longctx"),
+    ("extend {w}/ckpt --rope-base 1e5 --seq-len 512 --data synthetic:mixed --steps 1 -o {w}/new "
+     "--cache-dir {w}/afile", "is a file, not a folder"),
+    ("extend {w}/ckpt --rope-base 1e5 --seq-len 512 --data hf:nobody/nothing --steps 1 -o {w}/new",
+     "not in the local Hugging Face cache"),
+    ("extend {w}/truncated --rope-base 1e5 --seq-len 512 --data synthetic:mixed --steps 1 -o {w}/new",
+     "model.safetensors"),
+    # ruler prepare / ruler
+    ("ruler prepare --tokenizer {w}/ckpt --lengths 1k --tasks vt -o {w}/afile", "is a file, not a folder"),
+    ("ruler prepare --tokenizer {w}/config-only-tokenizer --lengths 1k --tasks vt -o {w}/new",
+     "encodes a plain English sentence to no tokens"),
+    ("ruler {w}/no-tokenizer --lengths 1k --tasks vt --backend hf -o {w}/new", "tokenizer"),
+    ("ruler {w}/long --lengths 1k --tasks vt --backend hf -o {w}/long/run", "lies inside the checkpoint"),
+    ("ruler {w}/long --lengths 1k --tasks vt --backend hf -o {w}/afile/sub", "is a file, not a folder"),
+    ("ruler {w}/long --lengths 1k --tasks vt --backend hf -o {w}/mine", "is not a longctx ruler run directory"),
+    ("ruler {w}/truncated --lengths 1k --tasks vt --backend hf -o {w}/new", "model.safetensors"),
+    # sinks
+    ("sinks {w}/no-tokenizer --tokens 256 -o {w}/new", "tokenizer"),
+    ("sinks {w}/ckpt --tokens 256 --device cuda -o {w}/new", "--device cuda"),
+    ("sinks {w}/ckpt --tokens 256 -o {w}/ckpt/sinks", "lies inside the checkpoint"),
+    ("sinks {w}/ckpt --tokens 256 -o {w}/mine", "exists and was not made by longctx"),
+    # compare
+    ("compare {w}/partial-run", "is incomplete or corrupt"),
+    ("compare {w}/partial-run -o {w}/afile", "is a file, not a folder"),
+    # run
+    ("run {w}/inside.yaml -o {w}/runs --dry-run", "lies inside this run's output folder"),
+    ("run {w}/inside.yaml -o {w}/runs", "lies inside this run's output folder"),
+    ("run {w}/inside.yaml -o {w}/afile", "is a file, not a folder"),
+    ("run {w}/cuda.yaml -o {w}/new --dry-run", "ruler.backend_options.device cuda: torch sees no CUDA device"),
+]
+
+
+@pytest.mark.parametrize("argv,message", CASES, ids=[c[0].replace("{w}/", "") for c in CASES])
+def test_bad_input_is_one_line_exit_2_nothing_written(argv, message, world, monkeypatch):
+    import torch
+
+    if "cuda" in argv and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(world.parent / "empty-hf-home"))
+    monkeypatch.chdir(world)
+    before = _snapshot(world)
+    r = CliRunner().invoke(cli, [a.format(w=world) for a in argv.split()])
+    assert r.exit_code == 2, (r.output, r.exception)
+    assert "Traceback" not in r.output
+    assert r.stderr.startswith("Error: ") and r.stderr.count("\n") == 1, r.stderr
+    assert message in r.stderr, r.stderr
+    assert _snapshot(world) == before
+    assert not (world / SENTINEL).exists()
