@@ -87,6 +87,15 @@ def test_yarn_into_the_current_directory_is_refused(tiny_checkpoint, tmp_path, m
     assert here.is_dir() and [p.name for p in here.iterdir()] == [OWNER_FILE]
 
 
+def test_a_verb_that_only_adds_files_may_write_into_the_current_directory(tiny_checkpoint, tmp_path, monkeypatch):
+    here = tmp_path / "report"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    r = run("sinks", tiny_checkpoint, "--tokens", "256", "-o", ".")
+    assert r.exit_code == 0, r.output
+    assert (here / "sinks.json").is_file() and output_kind(here) == "sinks measurement"
+
+
 def test_an_empty_folder_is_a_valid_output(tiny_checkpoint, tmp_path):
     (tmp_path / "empty").mkdir()
     assert run("yarn", tiny_checkpoint, "--factor", "2", "-o", tmp_path / "empty").exit_code == 0

@@ -224,8 +224,8 @@ def output_kind(folder: Path) -> str | None:
 
 
 def check_apart(out: Path, inputs: Iterable[tuple[str, Path]]) -> None:
-    """InputError when the output `out` and an input overlap (either inside the other) or when `out` holds
-    the current directory: writing or replacing one would change the other."""
+    """InputError when the output `out` and an input overlap (either inside the other): writing one would
+    change the other."""
     where = out.resolve()
     for label, path in inputs:
         src = Path(path).resolve()
@@ -233,9 +233,6 @@ def check_apart(out: Path, inputs: Iterable[tuple[str, Path]]) -> None:
             raise InputError(f"output '{out}' would hold the {label} '{path}'; choose an -o outside it")
         if where.is_relative_to(src):
             raise InputError(f"output '{out}' lies inside the {label} '{path}'; choose an -o outside it")
-    cwd = Path.cwd().resolve()
-    if cwd.is_relative_to(where):
-        raise InputError(f"output '{out}' holds the current directory; choose another -o")
 
 
 def check_output(out: Path, kind: str | tuple[str, ...], *, inputs: Iterable[tuple[str, Path]] = (),
@@ -243,9 +240,12 @@ def check_output(out: Path, kind: str | tuple[str, ...], *, inputs: Iterable[tup
     """The check of a verb's output folder, before anything is written. It must not overlap an input; an
     existing one must be a folder that is empty or a longctx output of `kind` (or of one of the kinds, when
     several), never a folder longctx did not make.
-    `overwrite` False: an existing output is refused (pass --overwrite); None: the verb continues an
-    existing output (a RULER run, a report)."""
+    `overwrite` True or False: the verb replaces the output as a whole, so it may not hold the current
+    directory, and with False an existing one is refused (pass --overwrite); None: the verb writes its files
+    into an existing output (a RULER run, a report) and never removes it."""
     check_apart(out, inputs)
+    if overwrite is not None and Path.cwd().resolve().is_relative_to(out.resolve()):
+        raise InputError(f"output '{out}' holds the current directory; choose another -o")
     found = file_in_the_way(out)
     if found is not None:
         where = "is a file" if found == out else f"lies under '{found}', which is a file"

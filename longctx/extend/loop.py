@@ -73,7 +73,8 @@ def _validate(s: ExtendSettings, world_size: int, cuda: bool) -> tuple[Path, dic
     out = Path(s.output)
     check_output(out, CHECKPOINT_KIND, inputs=[("input checkpoint", ckpt)], overwrite=s.overwrite)
     work = work_dir(out)
-    check_output(work, WORK_KIND, inputs=[("input checkpoint", ckpt)])
+    # replaced on --overwrite (or on --resume before anything was saved); an existing one needs either flag:
+    check_output(work, WORK_KIND, inputs=[("input checkpoint", ckpt)], overwrite=True)
     if output_kind(work) is not None and not (s.resume or s.overwrite):
         raise InputError(f"work folder '{work}' exists from an earlier run; pass --resume to continue it "
                          "or --overwrite to start over")
