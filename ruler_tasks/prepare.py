@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from longctx.core.files import open_atomic, write_json
+from longctx.core.files import check_apart, open_atomic, write_json
 from longctx.core.hashing import hash_json, sha256_file, tokenizer_fingerprint
 from ruler_tasks.constants import UPSTREAM_COMMIT
 from ruler_tasks.errors import RulerInputError
@@ -212,6 +212,8 @@ def prepare(
     fp = tokenizer_fingerprint(tok)
     words, words_sha = _english_words(english_words)
     out = Path(out_dir)
+    if not loaded:
+        check_apart(out, [("tokenizer", Path(str(tokenizer)))])
     manifest = _read_manifest(out)
     rels = [f"{L}/{s.name}.jsonl" for L in lengths for s in specs]
     request = hash_json({"tokenizer": fp, "lengths": lengths, "tasks": [(s.name, s.version) for s in specs],

@@ -131,6 +131,7 @@ CASES = [
      "model.safetensors"),
     # ruler prepare / ruler
     ("ruler prepare --tokenizer {w}/ckpt --lengths 1k --tasks vt -o {w}/afile", "is a file, not a folder"),
+    ("ruler prepare --tokenizer {w}/ckpt --lengths 1k --tasks vt -o {w}/ckpt/tasks", "lies inside the tokenizer"),
     ("ruler prepare --tokenizer {w}/config-only-tokenizer --lengths 1k --tasks vt -o {w}/new",
      "encodes a plain English sentence to no tokens"),
     ("ruler {w}/no-tokenizer --lengths 1k --tasks vt --backend hf -o {w}/new", "tokenizer"),
