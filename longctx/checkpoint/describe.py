@@ -9,6 +9,7 @@ from typing import TypedDict
 
 from longctx.checkpoint.directory import (checkpoint_dir, count_parameters, fingerprint, read_config,
                                           read_provenance)
+from longctx.checkpoint.hub import hub_origin
 from longctx.checkpoint.rope import read_rope
 from longctx.core.kinds import Bool, Text
 from longctx.core.settings import REQUIRED, Settings, setting
@@ -34,6 +35,7 @@ class ModelInfo(TypedDict, total=False):
     context_length: int | None  # longest prompt + generation the checkpoint supports ("claimed")
     trained_length: int | None  # length before any context scaling
     parent_fingerprint: str | None  # the checkpoint this one was derived from by `longctx yarn`
+    hub: dict | None  # repo_id, commit, subfolder: where a checkpoint given by Hub id came from
 
 
 def model_info(path: str | os.PathLike, fp: str | None = None) -> ModelInfo:
@@ -43,12 +45,22 @@ def model_info(path: str | os.PathLike, fp: str | None = None) -> ModelInfo:
     rope = read_rope(cfg)
     prov = read_provenance(ckpt)
     parent = prov.get("source_fingerprint") if prov.get("verb") == "yarn" else None
-    return ModelInfo(checkpoint=str(ckpt.resolve()), name=ckpt.resolve().name, fingerprint=fp or fingerprint(ckpt),
+    hub = hub_origin(ckpt)
+    return ModelInfo(checkpoint=str(ckpt.resolve()), name=checkpoint_name(ckpt), fingerprint=fp or fingerprint(ckpt),
                      architecture=(cfg.get("architectures") or [None])[0],
                      attention=attention_label(attention_variant(cfg)), rope_type=rope.rope_type,
                      yarn_factor=rope.factor if rope.rope_type == "yarn" else None,
                      context_length=rope.context_length, trained_length=rope.trained_length,
-                     parent_fingerprint=parent)
+                     parent_fingerprint=parent, hub=hub)
+
+
+def checkpoint_name(ckpt: Path) -> str:
+    """What tables call a checkpoint: its folder name; for a Hub snapshot the repo's (or subfolder's) name,
+    not the commit."""
+    hub = hub_origin(ckpt)
+    if hub is None:
+        return ckpt.resolve().name
+    return (hub["subfolder"] or hub["repo_id"]).rsplit("/", 1)[-1]
 
 
 @dataclass(frozen=True)
@@ -68,6 +80,7 @@ class Description:
     context_length: int | None
     parameters: int | None
     fingerprint: str
+    hub: dict | None  # repo_id, commit, subfolder of a checkpoint given by Hub id
 
 
 def describe(path: str | os.PathLike) -> Description:
@@ -81,4 +94,4 @@ def describe(path: str | os.PathLike) -> Description:
         rope_theta_from_default=rope.theta_is_default, yarn_factor=rope.factor if rope.rope_type == "yarn" else None,
         original_max_position_embeddings=rope.original_max_position_embeddings,
         max_position_embeddings=rope.max_position_embeddings, context_length=rope.context_length,
-        parameters=count_parameters(Path(p)), fingerprint=fingerprint(p))
+        parameters=count_parameters(Path(p)), fingerprint=fingerprint(p), hub=hub_origin(p))

@@ -21,16 +21,19 @@ from longctx.core.clock import utc_timestamp
 from longctx.core.errors import InputError
 from longctx.core.files import write_json
 from longctx.core.hashing import cached_sha256_file
+from longctx.checkpoint.hub import hub_origin, resolve_checkpoint
 from longctx.checkpoint.weights import WEIGHT_SUFFIXES, check_weight_files, weight_files
 
 PROVENANCE_FILE = "longctx.json"
 
 
 def checkpoint_dir(path: str | os.PathLike) -> Path:
-    """The checkpoint directory `path`, or InputError saying why it is not one."""
-    p = Path(path)
+    """The checkpoint directory `path` (a local folder, or a Hub id resolved to its cached snapshot folder:
+    `longctx.checkpoint.hub`), or InputError saying why it is not one."""
+    p = resolve_checkpoint(path)
     if not p.exists():
-        raise InputError(f"checkpoint '{path}' does not exist (give a transformers checkpoint directory)")
+        raise InputError(f"checkpoint '{path}' does not exist (give a transformers checkpoint directory or a "
+                         "Hub id such as Qwen/Qwen3-1.7B)")
     if not p.is_dir():
         raise InputError(f"checkpoint '{path}' is not a directory (give the folder that holds config.json)")
     if not (p / "config.json").is_file():
@@ -139,6 +142,7 @@ def write_provenance(dst: Path, verb: str, args: dict[str, Any], source: Path | 
         "verb": verb,
         "args": args,
         "source": str(source.resolve()) if source is not None else None,
+        "source_hub": hub_origin(source) if source is not None else None,
         "source_fingerprint": fingerprint(source) if source is not None else None,
         "versions": versions(),
         "time": utc_timestamp(),

@@ -84,6 +84,10 @@ def _info(s: InfoSettings) -> None:
             ("attention", d["attention"]), ("rope", rope), ("max_position_embeddings", d["max_position_embeddings"]),
             ("context length", f"{d['context_length']} tokens (prompt + generation)"), ("parameters", params),
             ("fingerprint", d["fingerprint"])]
+    if d["hub"] is not None:
+        hub = d["hub"]
+        rows.insert(1, ("hub", f"{hub['repo_id']}{'/' + hub['subfolder'] if hub['subfolder'] else ''} "
+                               f"@ {hub['commit']}"))
     for key, value in rows:
         click.echo(f"{key:<24} {value}")
 
@@ -208,10 +212,11 @@ def ruler():
 def _prepare(s: PrepareSettings) -> None:
     """Write RULER task files, byte-identical to upstream's generators for the same inputs."""
 
+    from longctx.checkpoint.hub import resolve_checkpoint
     from ruler_tasks.prepare import prepare
 
-    r = prepare(s.tokenizer, s.lengths, s.tasks, s.samples, s.seed, s.template, s.data_dir, s.essay, s.squad,
-                s.hotpotqa, s.output)
+    r = prepare(resolve_checkpoint(s.tokenizer), s.lengths, s.tasks, s.samples, s.seed, s.template, s.data_dir,
+                s.essay, s.squad, s.hotpotqa, s.output)
     click.echo(f"lengths: {', '.join(map(str, s.lengths))}")
     reused = sum(t.reused for t in r.timings)
     click.echo(f"{len(r.files)} task files ({reused} reused) and {r.out_dir / 'manifest.json'} in {r.out_dir}")

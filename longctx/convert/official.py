@@ -184,10 +184,10 @@ def convert_checkpoint(s: ConvertSettings) -> ConvertResult:
     """Convert `s.source` (a checkpoint in the `s.layout` layout) into a longctx checkpoint at `s.output`."""
     from safetensors.torch import save_file
 
-    from longctx.checkpoint.directory import copy_side_files, read_config, write_provenance
+    from longctx.checkpoint.directory import checkpoint_dir, copy_side_files, read_config, write_provenance
     from longctx.core.files import CHECKPOINT_KIND, atomic_dir, check_output
 
-    src, out = Path(s.source), Path(s.output)
+    src, out = checkpoint_dir(s.source), Path(s.output)  # a local folder or a Hub id
     cfg = read_config(src)
     variant = _official_variant(src, cfg)
     check_output(out, CHECKPOINT_KIND, inputs=[("input checkpoint", src)], overwrite=s.overwrite)

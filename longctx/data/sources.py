@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from longctx.checkpoint.hub import hf_home, hub_cache, offline_variable
 from longctx.core.errors import InputError
 
 TEXT_SUFFIXES = (".txt", ".md")
@@ -127,25 +128,15 @@ def _saved_dataset(path: Path, split: str | None) -> Any:
     return ds
 
 
-_TRUE = ("1", "ON", "YES", "TRUE")
-
-
 def _offline_variable() -> str | None:
-    """The environment variable that makes `datasets` offline, read now (not when it was imported): as
-    `datasets.config` does, HF_DATASETS_OFFLINE when it is set, else HF_HUB_OFFLINE."""
-    var = "HF_DATASETS_OFFLINE" if os.environ.get("HF_DATASETS_OFFLINE") is not None else "HF_HUB_OFFLINE"
-    return var if os.environ.get(var, "").strip().upper() in _TRUE else None
-
-
-def _hf_home() -> Path:
-    return Path(os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache") / "huggingface"
-                ).expanduser()
+    """The environment variable that makes `datasets` offline, read now: as `datasets.config` does,
+    HF_DATASETS_OFFLINE when it is set, else HF_HUB_OFFLINE."""
+    return offline_variable("HF_DATASETS_OFFLINE" if "HF_DATASETS_OFFLINE" in os.environ else "HF_HUB_OFFLINE")
 
 
 def _hub_snapshot(name: str) -> Path | None:
     """The newest snapshot of dataset repo `name` in the hub cache (`hf download --repo-type dataset NAME`)."""
-    hub = Path(os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE") or _hf_home() / "hub")
-    repo = hub.expanduser() / f"datasets--{name.replace('/', '--')}"
+    repo = hub_cache() / f"datasets--{name.replace('/', '--')}"
     ref = repo / "refs" / "main"
     if ref.is_file():
         snap = repo / "snapshots" / ref.read_text(encoding="utf-8").strip()
@@ -157,7 +148,7 @@ def _hub_snapshot(name: str) -> Path | None:
 
 def _in_datasets_cache(name: str) -> bool:
     """Whether `datasets.load_dataset(name)` has prepared `name` before (its cache folder `org___name`)."""
-    root = Path(os.environ.get("HF_DATASETS_CACHE") or _hf_home() / "datasets").expanduser()
+    root = Path(os.environ.get("HF_DATASETS_CACHE") or hf_home() / "datasets").expanduser()
     *org, last = name.split("/")
     snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", last).lower()  # datasets' camelcase_to_snakecase, roughly
     return any((root / "___".join([*org, n])).is_dir() for n in {last, snake})

@@ -126,14 +126,18 @@ class YarnResult:
 def yarn_checkpoint(s: YarnSettings) -> YarnResult:
     """Write a YaRN-scaled copy of `s.checkpoint` (weights hard-linked or copied unchanged, tokenizer and
     generation config copied, provenance in longctx.json), atomically."""
+    from longctx.checkpoint.describe import checkpoint_name
     from longctx.checkpoint.directory import checkpoint_dir, copy_side_files, read_config, write_provenance
+    from longctx.checkpoint.hub import hub_origin
     from longctx.core.files import CHECKPOINT_KIND, atomic_dir, check_output, write_json
 
     src = checkpoint_dir(s.checkpoint)
     cfg = read_config(src)
     result = apply_yarn(cfg, s.factor, s.original_max_position_embeddings, s.rescale, s.beta_fast, s.beta_slow,
                         s.truncate, s.config_format)
-    out = Path(s.output) if s.output is not None else src.parent / f"{src.name}-yarn{s.factor:g}x"
+    # default: beside the source, or (a Hub snapshot, inside the Hub cache) in the current directory
+    beside = Path.cwd() if hub_origin(src) else src.parent
+    out = Path(s.output) if s.output is not None else beside / f"{checkpoint_name(src)}-yarn{s.factor:g}x"
     check_output(out, CHECKPOINT_KIND, inputs=[("input checkpoint", src)], overwrite=s.overwrite)
     args = {k: v for k, v in s.record().items() if k not in ("checkpoint", "output", "overwrite")}
     with atomic_dir(out, CHECKPOINT_KIND) as tmp:

@@ -1,0 +1,106 @@
+"""Checkpoints named by Hugging Face Hub id, resolved to a snapshot folder of the local Hub cache.
+
+A checkpoint argument that is not a local path and reads `org/name[/subfolder...][@revision]` is a Hub
+repo (a model repo that holds several checkpoints side by side names one by its subfolder; the revision
+is a branch, tag or commit, default `main`). `huggingface_hub.snapshot_download` fetches it into the
+cache (`HF_HOME`, `HF_HUB_CACHE`; a private repo reads `HF_TOKEN`, never stored by longctx) and returns
+the snapshot folder, `.../models--org--name/snapshots/<commit>/`. That path says which commit it is,
+so what a verb records about its input (`hub_origin`) needs no other state.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from longctx.core.errors import InputError
+
+_PART = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+HUB_ID = re.compile(rf"^(?P<repo>{_PART}/{_PART})(?P<sub>(?:/{_PART})*)(?:@(?P<revision>[A-Za-z0-9._/-]+))?$")
+_TRUE = ("1", "ON", "YES", "TRUE")
+# Formats no verb reads: left out of a download (a repo may hold GGUF, ONNX, the original Meta weights...).
+_NOT_NEEDED = ["*.gguf", "*.onnx", "*.onnx_data", "*.h5", "*.msgpack", "*.ot", "*.tflite", "*.mlmodel",
+               "original/*", "onnx/*", "coreml/*", "*.md"]
+
+
+def offline_variable(*names: str) -> str | None:
+    """The first of `names` (default: HF_HUB_OFFLINE) set to a true value now; huggingface_hub reads its own
+    constants once, at import, which a test or a long-lived process may outlive."""
+    for name in names or ("HF_HUB_OFFLINE",):
+        if os.environ.get(name, "").strip().upper() in _TRUE:
+            return name
+    return None
+
+
+def hf_home() -> Path:
+    return Path(os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache") / "huggingface"
+                ).expanduser()
+
+
+def hub_cache() -> Path:
+    """The Hub cache folder, as huggingface_hub documents it: HF_HUB_CACHE, else HF_HOME/hub."""
+    return Path(os.environ.get("HF_HUB_CACHE") or hf_home() / "hub").expanduser()
+
+
+def parse_hub_id(spec: str) -> tuple[str, str, str | None] | None:
+    """(repo id, subfolder, revision) of a Hub checkpoint spec, or None when `spec` is not one (or is a local
+    path: a folder that exists always wins)."""
+    if Path(spec).expanduser().exists():
+        return None
+    m = HUB_ID.match(spec)
+    if m is None:
+        return None
+    return m["repo"], m["sub"].strip("/"), m["revision"]
+
+
+@functools.lru_cache(maxsize=64)
+def _snapshot(repo: str, subfolder: str, revision: str | None, offline: bool, cache: str) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
+                                        RevisionNotFoundError)
+
+    spec = f"{repo}{'/' + subfolder if subfolder else ''}{'@' + revision if revision else ''}"
+    get = f"hf download {repo}{f' --revision {revision}' if revision else ''}"
+    try:
+        path = snapshot_download(repo, revision=revision, cache_dir=cache, local_files_only=offline,
+                                 allow_patterns=[f"{subfolder}/*"] if subfolder else None,
+                                 ignore_patterns=_NOT_NEEDED)
+    except GatedRepoError:
+        raise InputError(f"'{spec}' is a gated repo: accept its terms on huggingface.co and set HF_TOKEN "
+                         "(or run: hf auth login)") from None
+    except RevisionNotFoundError:
+        raise InputError(f"'{spec}': {repo} has no revision '{revision}'") from None
+    except RepositoryNotFoundError:
+        raise InputError(f"'{spec}' is neither a local folder nor a Hub model repo (private? set HF_TOKEN)") from None
+    except LocalEntryNotFoundError:
+        why = f"{offline_variable()}=1" if offline else "the Hub could not be reached"
+        raise InputError(f"'{spec}' is not in the local Hugging Face cache and {why}; run once online, or: "
+                         f"{get}") from None
+    except OSError as e:
+        raise InputError(f"'{spec}': could not fetch it from the Hub ({type(e).__name__}: {e}); retry, or: {get}"
+                         ) from None
+    folder = Path(path) / subfolder
+    if not folder.is_dir():
+        raise InputError(f"'{spec}': {repo} has no folder '{subfolder}'")
+    return folder
+
+
+def resolve_checkpoint(spec: str | os.PathLike) -> Path:
+    """The local folder of a checkpoint spec: the path itself, or the cached Hub snapshot (fetched if needed)."""
+    hub = parse_hub_id(os.fspath(spec)) if isinstance(spec, str) else None
+    if hub is None:
+        return Path(spec)
+    return _snapshot(*hub, offline_variable() is not None, str(hub_cache()))
+
+
+def hub_origin(path: str | os.PathLike) -> dict[str, Any] | None:
+    """{"repo_id", "commit", "subfolder"} of a folder inside a Hub cache snapshot, else None."""
+    parts = Path(path).resolve().parts
+    for i in range(len(parts) - 2):
+        if parts[i].startswith("models--") and parts[i + 1] == "snapshots":
+            return {"repo_id": parts[i].removeprefix("models--").replace("--", "/"), "commit": parts[i + 2],
+                    "subfolder": "/".join(parts[i + 3:]) or None}
+    return None

@@ -1,0 +1,136 @@
+"""Checkpoints by Hugging Face Hub id (`longctx.checkpoint.hub`), from a Hub cache laid out on disk exactly as
+huggingface_hub writes one (`models--org--name/refs/main`, `snapshots/<commit>/`), with HF_HUB_OFFLINE=1:
+nothing downloads."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from longctx.cli.main import cli
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+OTHER = "89abcdef0123456789abcdef0123456789abcdef"
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def one_line_exit_2(r, message):
+    assert r.exit_code == 2, (r.output, r.exception)
+    assert r.stderr.startswith("Error: ") and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+
+
+def _repo(hub, repo_id, commits, subfolders=("",), checkpoint=None):
+    repo = hub / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commits[0])
+    for commit in commits:
+        for sub in subfolders:
+            shutil.copytree(checkpoint, repo / "snapshots" / commit / sub, dirs_exist_ok=True)
+    return repo
+
+
+@pytest.fixture
+def hub(tmp_path, tiny_checkpoint, monkeypatch):
+    """HF_HOME with org/tiny (main = COMMIT, also OTHER) and org/multi (two models in subfolders)."""
+    home = tmp_path / "hf"
+    _repo(home / "hub", "org/tiny", [COMMIT, OTHER], checkpoint=tiny_checkpoint)
+    _repo(home / "hub", "org/multi", [COMMIT], ("1B_baseline", "1B_gate_headwise"), checkpoint=tiny_checkpoint)
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    return home / "hub"
+
+
+@pytest.mark.parametrize("spec,commit,subfolder", [
+    ("org/tiny", COMMIT, None),
+    (f"org/tiny@{OTHER}", OTHER, None),
+    ("org/multi/1B_gate_headwise", COMMIT, "1B_gate_headwise"),
+])
+def test_info_takes_a_hub_id_revision_and_subfolder(spec, commit, subfolder, hub):
+    r = run("info", spec, "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["hub"] == {"repo_id": spec.split("@")[0].split("/1B")[0], "commit": commit, "subfolder": subfolder}
+    assert d["checkpoint"].startswith(str(hub))
+    r = run("info", spec)
+    assert f"@ {commit}" in r.output
+
+
+def test_yarn_of_a_hub_id_records_the_commit_and_writes_beside_the_user(hub, tmp_path):
+    before = sorted(str(p) for p in hub.rglob("*"))
+    r = run("yarn", "org/tiny", "--factor", "2")
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "tiny-yarn2x"  # in the current directory, not inside the Hub cache
+    prov = json.loads((out / "longctx.json").read_text())
+    assert prov["source_hub"] == {"repo_id": "org/tiny", "commit": COMMIT, "subfolder": None}
+    assert sorted(str(p) for p in hub.rglob("*")) == before
+
+
+def test_sinks_results_name_the_hub_model(hub, tmp_path):
+    r = run("sinks", "org/multi/1B_baseline", "--tokens", "256", "-o", tmp_path / "s")
+    assert r.exit_code == 0, r.output
+    model = json.loads((tmp_path / "s" / "sinks.json").read_text())["model"]
+    assert model["name"] == "1B_baseline"
+    assert model["hub"] == {"repo_id": "org/multi", "commit": COMMIT, "subfolder": "1B_baseline"}
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("org/absent", "'org/absent' is not in the local Hugging Face cache and HF_HUB_OFFLINE=1; run once online, "
+                   "or: hf download org/absent"),
+    ("org/tiny@v2", "'org/tiny@v2' is not in the local Hugging Face cache and HF_HUB_OFFLINE=1; run once online, "
+                    "or: hf download org/tiny --revision v2"),
+    ("org/multi/1B_gate_elementwise", "'org/multi/1B_gate_elementwise': org/multi has no folder '1B_gate_elementwise'"),
+])
+def test_a_hub_id_that_is_not_cached_offline_is_one_line(spec, message, hub, tmp_path):
+    for argv in (["info", spec], ["yarn", spec, "--factor", "2", "-o", tmp_path / "out"]):
+        one_line_exit_2(run(*argv), message)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_local_folder_wins_over_a_hub_id_of_the_same_name(hub, tmp_path, tiny_checkpoint):
+    shutil.copytree(tiny_checkpoint, tmp_path / "org" / "absent")
+    r = run("info", "org/absent", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["hub"] is None
+
+
+def test_ruler_prepare_takes_a_hub_tokenizer(hub, tmp_path):
+    r = run("ruler", "prepare", "--tokenizer", "org/tiny", "--lengths", "1k", "--tasks", "vt", "--samples", "1",
+            "-o", tmp_path / "tasks")
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "tasks" / "1024" / "vt.jsonl").is_file()
+
+
+def test_convert_takes_a_hub_id(hub, tmp_path):
+    """The released gated models live side by side in one repo: a subfolder names one."""
+    from test_convert import write_official
+
+    write_official(tmp_path / "official", "headwise", 4, 2)
+    _repo(hub, "QwQZh/gated_attention", [COMMIT], ("1B_gate_headwise",), checkpoint=tmp_path / "official")
+    r = run("convert", "QwQZh/gated_attention/1B_gate_headwise", tmp_path / "converted", "--from", "official")
+    assert r.exit_code == 0, r.output
+    prov = json.loads((tmp_path / "converted" / "longctx.json").read_text())
+    assert prov["source_hub"] == {"repo_id": "QwQZh/gated_attention", "commit": COMMIT,
+                                  "subfolder": "1B_gate_headwise"}
+
+
+def test_ruler_results_record_the_hub_commit(hub, tmp_path, tiny_checkpoint):
+    long = tmp_path / "long"
+    shutil.copytree(tiny_checkpoint, long)
+    cfg = json.loads((long / "config.json").read_text())
+    (long / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 2048}))
+    _repo(hub, "org/long", [COMMIT], checkpoint=long)
+    r = run("ruler", "org/long", "--lengths", "1k", "--tasks", "vt", "--samples", "1", "--backend", "hf",
+            "--no-plot", "-o", tmp_path / "run")
+    assert r.exit_code == 0, r.output
+    for name in ("run.json", "results.json"):
+        model = json.loads((tmp_path / "run" / name).read_text())["model"]
+        assert model["hub"] == {"repo_id": "org/long", "commit": COMMIT, "subfolder": None}, name
+        assert model["name"] == "long"
