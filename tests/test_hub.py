@@ -26,12 +26,24 @@ def one_line_exit_2(r, message):
 
 
 def _repo(hub, repo_id, commits, subfolders=("",), checkpoint=None):
+    """A repo as huggingface_hub caches one: file contents in blobs/<sha256>, snapshots/<commit>/ holding
+    relative symlinks to them, refs/main naming the first commit."""
+    import hashlib
+    import os
+
     repo = hub / f"models--{repo_id.replace('/', '--')}"
     (repo / "refs").mkdir(parents=True)
     (repo / "refs" / "main").write_text(commits[0])
+    (repo / "blobs").mkdir()
     for commit in commits:
         for sub in subfolders:
-            shutil.copytree(checkpoint, repo / "snapshots" / commit / sub, dirs_exist_ok=True)
+            for f in sorted(checkpoint.iterdir()):
+                blob = repo / "blobs" / hashlib.sha256(f.read_bytes()).hexdigest()
+                if not blob.exists():
+                    shutil.copy2(f, blob)
+                link = repo / "snapshots" / commit / sub / f.name
+                link.parent.mkdir(parents=True, exist_ok=True)
+                link.symlink_to(os.path.relpath(blob, link.parent))
     return repo
 
 
@@ -70,6 +82,8 @@ def test_yarn_of_a_hub_id_records_the_commit_and_writes_beside_the_user(hub, tmp
     out = tmp_path / "tiny-yarn2x"  # in the current directory, not inside the Hub cache
     prov = json.loads((out / "longctx.json").read_text())
     assert prov["source_hub"] == {"repo_id": "org/tiny", "commit": COMMIT, "subfolder": None}
+    # the snapshot's files are symlinks into blobs/: the output holds the files themselves
+    assert not any(p.is_symlink() for p in out.iterdir()) and (out / "model.safetensors").stat().st_size > 0
     assert sorted(str(p) for p in hub.rglob("*")) == before
 
 

@@ -107,7 +107,9 @@ def copy_side_files(src: Path, dst: Path, *, keep: Callable[[Path], bool] = lamb
         elif link_weights and item.is_file() and not item.name.startswith(".") and (
                 item.suffix in WEIGHT_SUFFIXES or item.name.endswith(".index.json")):
             try:
-                os.link(item, target)
+                # the file itself, not a symlink to it (a Hub snapshot's files are relative links into blobs/,
+                # and Linux link(2) does not follow symlinks)
+                os.link(item.resolve(), target)
             except OSError:
                 shutil.copy2(item, target)
 
