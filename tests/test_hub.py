@@ -148,3 +148,19 @@ def test_ruler_results_record_the_hub_commit(hub, tmp_path, tiny_checkpoint):
         model = json.loads((tmp_path / "run" / name).read_text())["model"]
         assert model["hub"] == {"repo_id": "org/long", "commit": COMMIT, "subfolder": None}, name
         assert model["name"] == "long"
+
+
+def test_a_recipe_takes_a_hub_checkpoint(hub, tmp_path):
+    import yaml
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"models": {"m": {"checkpoint": "org/tiny"}}, "yarn": {"factor": 2}}))
+    r = run("run", recipe, "-o", tmp_path / "runs", "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "is not in the local Hugging Face cache" not in r.output  # it is cached
+    r = run("run", recipe, "-o", tmp_path / "runs")
+    assert r.exit_code == 0, r.output
+    prov = json.loads((tmp_path / "runs" / "m" / "yarn" / "m-yarn" / "longctx.json").read_text())
+    assert prov["source_hub"] == {"repo_id": "org/tiny", "commit": COMMIT, "subfolder": None}
+    r = run("run", recipe, "-o", tmp_path / "runs")
+    assert r.exit_code == 0 and "skip yarn for m: up to date" in r.output, r.output

@@ -68,11 +68,17 @@ def test_paper_recipe_dry_run_prints_the_plan_and_launch_lines(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_released_recipe_needs_its_model_paths(tmp_path):
+def test_released_recipe_plans_with_its_models_not_downloaded(tmp_path, monkeypatch):
+    """Its sources are Hub ids: --dry-run plans it with nothing cached (reading the cache only, never the
+    network), saying how to fetch each."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-hf"))
     r = run(RECIPES / "released-1b.yaml", "--dry-run", "-o", tmp_path / "out")
-    assert r.exit_code == 2
-    assert r.output.count("\n") == 1 and "models.baseline.convert.source" in r.output
-    assert "model path missing" in r.output
+    assert r.exit_code == 0, r.output
+    assert ("input  models.baseline.convert.source: QwQZh/gated_attention/1B_baseline is not in the local Hugging "
+            "Face cache; its stage downloads it, or fetch it first: hf download QwQZh/gated_attention --include "
+            "1B_baseline/*") in r.output
+    assert r.output.count("is not in the local Hugging Face cache") == 3
+    assert "run    convert for headwise" in r.output and not (tmp_path / "out").exists()
     r = run(local_variant(RECIPES / "released-1b.yaml", tmp_path), "--dry-run", "-o", tmp_path / "out")
     assert r.exit_code == 0, r.output
     assert "run    convert for elementwise" in r.output and "accelerate launch" in r.output
@@ -136,7 +142,7 @@ SMALL = {"models": TINY, "yarn": {"factor": 4}, "ruler": {"lengths": "1k", "task
                                  "lr": "fast"}}, "extend.lr must be a number > 0, got 'fast'"),
     ({"models": TINY, "extend": {"rope_base": 1e6, "seq_len": "8q", "data": ["synthetic:mixed"], "steps": 2}},
      "extend.seq_len is invalid: '8q' in '8q' is not a length"),
-    ({"models": {"gated": {"checkpoint": "no/such/dir"}}, "yarn": {"factor": 4}},
+    ({"models": {"gated": {"checkpoint": "./no/such/dir"}}, "yarn": {"factor": 4}},
      "models.gated.checkpoint '{tmp}/no/such/dir' does not exist: model path missing"),
     ({"models": {"gated": {"init": {"preset": "tiny", "attention": "elementwise"}, "checkpoint": "x"}},
       "yarn": {"factor": 4}}, "models.gated must have exactly one of init, convert or checkpoint"),

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 from longctx.core.errors import InputError
+from longctx.core.kinds import HUB_ID
 
-_PART = r"[A-Za-z0-9][A-Za-z0-9._-]*"
-HUB_ID = re.compile(rf"^(?P<repo>{_PART}/{_PART})(?P<sub>(?:/{_PART})*)(?:@(?P<revision>[A-Za-z0-9._/-]+))?$")
 _TRUE = ("1", "ON", "YES", "TRUE")
 # Formats no verb reads: left out of a download (a repo may hold GGUF, ONNX, the original Meta weights...).
 _NOT_NEEDED = ["*.gguf", "*.onnx", "*.onnx_data", "*.h5", "*.msgpack", "*.ot", "*.tflite", "*.mlmodel",
@@ -63,7 +61,7 @@ def _snapshot(repo: str, subfolder: str, revision: str | None, offline: bool, ca
                                         RevisionNotFoundError)
 
     spec = f"{repo}{'/' + subfolder if subfolder else ''}{'@' + revision if revision else ''}"
-    get = f"hf download {repo}{f' --revision {revision}' if revision else ''}"
+    get = download_command(repo, subfolder, revision)
     try:
         path = snapshot_download(repo, revision=revision, cache_dir=cache, local_files_only=offline,
                                  allow_patterns=[f"{subfolder}/*"] if subfolder else None,
@@ -86,6 +84,23 @@ def _snapshot(repo: str, subfolder: str, revision: str | None, offline: bool, ca
     if not folder.is_dir():
         raise InputError(f"'{spec}': {repo} has no folder '{subfolder}'")
     return folder
+
+
+def download_command(repo: str, subfolder: str, revision: str | None) -> str:
+    """The `hf download` command that puts a Hub checkpoint into the cache."""
+    return (f"hf download {repo}{f' --revision {revision}' if revision else ''}"
+            f"{f' --include {subfolder}/*' if subfolder else ''}")
+
+
+def cached_file(spec: str, name: str) -> Path | None:
+    """The file `name` (e.g. config.json) of the Hub checkpoint `spec` from the local cache, or None when it
+    is not there; never the network (a recipe is planned before anything downloads)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    repo, subfolder, revision = parse_hub_id(spec)
+    found = try_to_load_from_cache(repo, f"{subfolder}/{name}" if subfolder else name, cache_dir=str(hub_cache()),
+                                   revision=revision)
+    return Path(found) if isinstance(found, str) else None
 
 
 def resolve_checkpoint(spec: str | os.PathLike) -> Path:

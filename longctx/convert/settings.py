@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from longctx.core.kinds import Bool, Choice, LocalPath
+from longctx.core.kinds import Bool, CheckpointPath, Choice, LocalPath
 from longctx.core.settings import REQUIRED, Settings, setting
 
 LAYOUTS = ("official",)
@@ -12,7 +12,8 @@ LAYOUTS = ("official",)
 
 @dataclass(frozen=True)
 class ConvertSettings(Settings):
-    source: str = setting(REQUIRED, LocalPath(), "Checkpoint to convert (the released folder).", cli="argument")
+    source: str = setting(REQUIRED, CheckpointPath(), "Checkpoint to convert (the released folder or its Hub id).",
+                          cli="argument")
     output: str | None = setting(None, LocalPath(directory=True), "Checkpoint directory to write.", cli="argument",
                                  recipe=False,
                                  cli_required=True)

@@ -276,6 +276,24 @@ class LocalPath(Text):
 _SCHEME = re.compile(r"^[A-Za-z]{2,}:")  # hf:<id>, synthetic:<kind>: specs that are not local paths
 
 
+_HUB_PART = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+# A Hugging Face Hub checkpoint: org/name, then subfolders, then @revision (`longctx.checkpoint.hub`).
+HUB_ID = re.compile(rf"^(?P<repo>{_HUB_PART}/{_HUB_PART})(?P<sub>(?:/{_HUB_PART})*)"
+                    r"(?:@(?P<revision>[A-Za-z0-9._/-]+))?$")
+
+
+class CheckpointPath(LocalPath):
+    """A local checkpoint folder or a Hub id: in a recipe, a relative path counts from the recipe's folder
+    unless no such folder exists there and the value reads as a Hub id."""
+
+    words = "a checkpoint folder or Hub id"
+
+    def resolve(self, value, base):
+        if isinstance(value, str) and HUB_ID.match(value) and not (base / value).exists():
+            return value
+        return super().resolve(value, base)
+
+
 class Source(Text):
     """A local file or a `scheme:...` spec (`hf:<dataset id>`)."""
 

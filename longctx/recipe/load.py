@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from longctx.checkpoint.hub import cached_file, parse_hub_id
 from longctx.core.errors import InputError, SettingError
-from longctx.core.kinds import LocalPath, did_you_mean
+from longctx.core.kinds import CheckpointPath, did_you_mean
 from longctx.core.settings import Settings
 from longctx.recipe.sections import (CHECKPOINT_STAGES, MODEL_SECTIONS, MODEL_STAGES, SOURCES, STAGE_SECTIONS,
                                      TRAIN_STAGES, LauncherSettings)
@@ -135,7 +136,7 @@ def _anchor_model(raw: Any, base: Path) -> Any:
     out = {}
     for source, value in raw.items():
         if source == "checkpoint" and value is not None:
-            out[source] = LocalPath().resolve(value, base)
+            out[source] = CheckpointPath().resolve(value, base)
         elif source in MODEL_SECTIONS:
             out[source] = _anchor(MODEL_SECTIONS[source], value, base)
         else:
@@ -195,13 +196,15 @@ def _model(file: str, name: Any, raw: Any) -> Model:
         if not isinstance(value, str) or not value.strip():
             raise _fail(file, f"{where}.checkpoint", f"must be a path, got {value!r}")
         path = Path(value)
+        if parse_hub_id(value) is not None:  # fetched when its first stage runs
+            return Model(name, source, None, path)
         if not (path / "config.json").is_file():
             what = "does not exist" if not path.exists() else "has no config.json"
             raise _fail(file, f"{where}.checkpoint", f"'{path}' {what}: model path missing (give a local "
                                                      "transformers checkpoint directory)")
         return Model(name, source, None, path)
     settings = parse_section(MODEL_SECTIONS[source], value, file, f"{where}.{source}")
-    if source == "convert" and not Path(settings.source).is_dir():
+    if source == "convert" and not Path(settings.source).is_dir() and parse_hub_id(settings.source) is None:
         raise _fail(file, f"{where}.convert.source", f"'{settings.source}' does not exist: model path missing "
                                                      "(the released checkpoint's local folder)")
     return Model(name, source, settings)
@@ -214,7 +217,10 @@ def source_length(model: Model) -> int | None:
 
     if model.source == "init":
         return {**PRESETS[model.settings.preset], **model.settings.config}.get("max_position_embeddings")
-    cfg_path = (model.checkpoint if model.source == "checkpoint" else Path(model.settings.source)) / "config.json"
+    spec = str(model.checkpoint) if model.source == "checkpoint" else model.settings.source
+    cfg_path = (cached_file(spec, "config.json") if parse_hub_id(spec) else Path(spec) / "config.json")
+    if cfg_path is None:  # a Hub checkpoint not downloaded yet
+        return None
     try:
         return read_rope(json.loads(cfg_path.read_text(encoding="utf-8"))).trained_length
     except (OSError, ValueError, AttributeError):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from longctx.checkpoint.hub import parse_hub_id
 from longctx.core.errors import InputError
 from longctx.core.settings import Settings
 from longctx.eval.settings import RulerRunSettings
@@ -120,7 +121,7 @@ def _evaluation_steps(recipe: Recipe, m: Model, mdir: Path, ckpts: dict[str, Pat
     return steps
 
 
-def _recipe_inputs(recipe: Recipe) -> list[tuple[str, Path]]:
+def recipe_inputs(recipe: Recipe) -> list[tuple[str, Path]]:
     """(recipe key, path) of the files a recipe takes from outside its run."""
     found = []
     for m in recipe.models:
@@ -137,8 +138,8 @@ def _recipe_inputs(recipe: Recipe) -> list[tuple[str, Path]]:
 def _check_inputs_outside(recipe: Recipe, out: Path) -> None:
     """A stage that runs again first removes its folder: an input inside the run's output would go with it."""
     root = out.resolve()
-    for key, path in _recipe_inputs(recipe):
-        if path.resolve().is_relative_to(root):
+    for key, path in recipe_inputs(recipe):
+        if parse_hub_id(str(path)) is None and path.resolve().is_relative_to(root):
             raise InputError(f"{recipe.path}: {key} '{path}' lies inside this run's output folder '{out}', whose "
                              "stage folders a rerun replaces; move it out of there or choose another -o")
 

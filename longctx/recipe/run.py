@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from longctx.checkpoint.hub import cached_file, download_command, parse_hub_id
 from longctx.core.clock import utc_timestamp
 from longctx.core.errors import InputError, SettingError
 from longctx.core.files import make_output, write_json
@@ -31,7 +32,7 @@ from longctx.core.hashing import hash_json
 from longctx.core.kinds import Bool, Choice, LocalPath, did_you_mean
 from longctx.core.settings import REQUIRED, Settings, setting
 from longctx.recipe.load import Recipe, load_recipe
-from longctx.recipe.plan import Step, launch_command, machine_rank, plan
+from longctx.recipe.plan import Step, launch_command, machine_rank, plan, recipe_inputs
 from longctx.recipe.sections import MODEL_SECTIONS, MODEL_STAGES, STAGE_SECTIONS
 from longctx.report.compare import COMPARISON_KIND
 
@@ -61,10 +62,29 @@ def _read_marker(d: Path) -> dict[str, Any] | None:
         return None
 
 
+def _local_input(path: Path) -> Path | None:
+    """The folder an input is: itself, or for a Hub id its snapshot in the local cache (None: not there yet;
+    the stage that reads it downloads it)."""
+    if parse_hub_id(str(path)) is None:
+        return path if path.exists() else None
+    config = cached_file(str(path), "config.json")
+    return config.parent if config is not None else None
+
+
+def _fetchable(path: Path) -> bool:
+    """An input a stage can read: a path that exists, or a Hub id (the stage downloads it)."""
+    return path.exists() or parse_hub_id(str(path)) is not None
+
+
 def _input_fingerprint(path: Path) -> str:
-    """A checkpoint's fingerprint; for a RULER run directory, a hash of its result files."""
+    """A checkpoint's fingerprint; for a RULER run directory, a hash of its result files; for a Hub id not
+    downloaded yet, the id."""
     from longctx.checkpoint.directory import fingerprint
 
+    local = _local_input(path)
+    if local is None:
+        return hash_json({"hub": str(path)})
+    path = local
     if (path / "config.json").is_file():
         return fingerprint(path)
     h = hashlib.sha256()
@@ -90,7 +110,7 @@ def _decide(step: Step, forced: str | None) -> None:
     if marker is None:
         step.status, step.reason = "run", "not run yet"
         return
-    if not all(p.exists() for p in step.inputs):
+    if not all(_local_input(p) is not None for p in step.inputs):
         step.status, step.reason = "run", "its input is missing"
         return
     if marker.get("key") != stage_key(step):
@@ -235,13 +255,18 @@ def _check_from(recipe: Recipe, steps: list[Step], from_stage: str | None) -> No
         raise InputError(f"--from {from_stage}: {recipe.path} has no {from_stage} stage "
                          f"(its stages: {', '.join(dict.fromkeys(s.stage for s in steps))})")
     for s in steps:
-        missing = [p for p in s.inputs if not p.exists()] if s.stage == from_stage else []
+        missing = [p for p in s.inputs if not _fetchable(p)] if s.stage == from_stage else []
         if missing:
             raise InputError(f"--from {from_stage}: its input {missing[0]} ({s.label}) does not exist; "
                              "run the earlier stages first (without --from)")
 
 
-def _dry_run(steps: list[Step], from_stage: str | None, log: Callable[[str], None]) -> None:
+def _dry_run(recipe: Recipe, steps: list[Step], from_stage: str | None, log: Callable[[str], None]) -> None:
+    for key, path in recipe_inputs(recipe):
+        hub = parse_hub_id(str(path))
+        if hub is not None and _local_input(path) is None:
+            log(f"input  {key}: {path} is not in the local Hugging Face cache; its stage downloads it, or "
+                f"fetch it first: {download_command(*hub)}")
     ran: set[str | None] = set()
     for s in steps:
         _decide(s, _forced(s, from_stage, ran))
@@ -271,7 +296,7 @@ def _run_steps(recipe: Recipe, steps: list[Step], from_stage: str | None, log: C
                 comparison = comparison_text(s.outputs[0])
             continue
         ran.add(s.model)
-        missing = [p for p in s.inputs if not p.exists()]
+        missing = [p for p in s.inputs if not _fetchable(p)]
         if missing:
             raise InputError(f"{s.label}: input {missing[0]} does not exist")
         log(f"{s.status} {s.label} ({s.reason}) -> {s.dir}")
@@ -308,7 +333,7 @@ def run_recipe(path: str | os.PathLike, out_dir: str | os.PathLike | None = None
     log(f"recipe {recipe.path}: {len(recipe.models)} models ({', '.join(m.name for m in recipe.models)}), "
         f"stages {', '.join(dict.fromkeys(s.stage for s in steps))}; output {out}")
     if dry_run:
-        _dry_run(steps, from_stage, log)
+        _dry_run(recipe, steps, from_stage, log)
         return RecipeResult(out, steps, None)
     t0 = time.time()
     comparison = _run_steps(recipe, steps, from_stage, log)
