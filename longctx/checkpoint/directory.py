@@ -19,7 +19,7 @@ from typing import Any
 
 from longctx.core.clock import utc_timestamp
 from longctx.core.errors import InputError
-from longctx.core.files import write_json
+from longctx.core.files import link_or_copy, write_json
 from longctx.core.hashing import cached_sha256_file
 from longctx.checkpoint.hub import hub_origin, resolve_checkpoint
 from longctx.checkpoint.weights import WEIGHT_SUFFIXES, check_weight_files, weight_files
@@ -106,12 +106,7 @@ def copy_side_files(src: Path, dst: Path, *, keep: Callable[[Path], bool] = lamb
             shutil.copy2(item, target)
         elif link_weights and item.is_file() and not item.name.startswith(".") and (
                 item.suffix in WEIGHT_SUFFIXES or item.name.endswith(".index.json")):
-            try:
-                # the file itself, not a symlink to it (a Hub snapshot's files are relative links into blobs/,
-                # and Linux link(2) does not follow symlinks)
-                os.link(item.resolve(), target)
-            except OSError:
-                shutil.copy2(item, target)
+            link_or_copy(item, target)
 
 
 # --- provenance -----------------------------------------------------------------------------------

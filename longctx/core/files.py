@@ -90,6 +90,15 @@ def make_temp_dir(parent: Path, name: str, tag: str) -> Path:
     return tmp
 
 
+def link_or_copy(src: Path, dst: Path) -> None:
+    """`dst` as a hard link to the file `src` (to the file itself: Linux link(2) does not follow symlinks, and a
+    Hub snapshot's files are relative links into blobs/), or a copy where the disk cannot link."""
+    try:
+        os.link(src.resolve(), dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
 def file_in_the_way(path: Path) -> Path | None:
     """The file (not a folder) at `path` or at the nearest of its parents that exists, if any: no folder can
     be made at `path` then."""

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from longctx.core.errors import InputError
-from longctx.core.files import RULER_RUN_KIND, make_temp_dir, mark_output, output_kind, write_json
+from longctx.core.files import RULER_RUN_KIND, link_or_copy, make_temp_dir, mark_output, output_kind, write_json
 
 RUN_FILE = "run.json"
 RUN_FORMAT = "longctx-ruler-run/1"
@@ -87,10 +87,7 @@ def _link_tree(src: Path, dst: Path) -> None:
             target.mkdir(parents=True, exist_ok=True)
         elif p.is_file():
             target.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(p, target)
-            except OSError:
-                shutil.copy2(p, target)
+            link_or_copy(p, target)
 
 
 class StagedRun:
