@@ -57,7 +57,8 @@ class PrepareResult:
     manifest: dict = field(default_factory=dict)
 
 
-def load_tokenizer(path):
+def load_tokenizer(path, trust_remote_code: bool = False):
+    """The fast tokenizer in folder `path` (its own code runs only with `trust_remote_code`)."""
     p = Path(str(path))
     if not p.exists():
         raise RulerInputError(f"tokenizer path '{path}' does not exist (give a directory with tokenizer files)")
@@ -66,7 +67,7 @@ def load_tokenizer(path):
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            tok = AutoTokenizer.from_pretrained(str(p))
+            tok = AutoTokenizer.from_pretrained(str(p), trust_remote_code=trust_remote_code)
     except Exception as e:  # noqa: BLE001 - any load failure is a bad path for the user
         msg = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
         raise RulerInputError(f"could not load a tokenizer from '{path}' ({msg}); give a transformers tokenizer directory") from None

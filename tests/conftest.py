@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
+
+# transformers copies a checkpoint's own code (--trust-remote-code tests) into HF_MODULES_CACHE, read once
+# when it is imported: a temporary one, never the user's ~/.cache/huggingface/modules.
+os.environ.setdefault("HF_MODULES_CACHE", tempfile.mkdtemp(prefix="longctx-test-modules-"))
 
 
 @pytest.fixture(scope="session")
@@ -79,11 +86,42 @@ class VllmEngines:
             gc.collect()
 
 
+def user_environment() -> dict[str, str]:
+    """This process's environment without the settings the tests' own engines use (for a subprocess that
+    should run exactly as a user's command does)."""
+    return {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+
+
 @pytest.fixture(scope="session")
 def vllm_engines():
     import os
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default sizing fails on these machines
+    # The engine core in this process instead of a spawned one: the same model code and scheduler, started in
+    # ~5 s instead of ~35 s on 2 cores (a spawned process imports torch and vLLM again). `longctx ruler` itself
+    # keeps vLLM's default, which the tests that start `vllm serve` or `longctx run` as a user does get back
+    # from `user_environment()`.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     engines = VllmEngines()
     yield engines
     engines.close()
+
+
+
+@pytest.fixture(scope="session")
+def architecture_checkpoint(tmp_path_factory, reference_tokenizer_dir):
+    """`get(name, **overrides)`: the tiny checkpoint `name` of tests/architectures.py (config values
+    `overrides` changed), built once per session."""
+    from architectures import write_tiny_architecture
+
+    root = tmp_path_factory.mktemp("architectures")
+    built = {}
+
+    def get(name, **overrides):
+        key = (name, tuple(sorted(overrides.items())))
+        if key not in built:
+            built[key] = write_tiny_architecture(name, root / f"{name}-{len(built)}", reference_tokenizer_dir,
+                                                 **overrides)
+        return built[key]
+
+    return get

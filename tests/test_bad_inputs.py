@@ -62,6 +62,18 @@ def _checkpoint_variants(root, good):
     edit_config("length-not-a-number", max_position_embeddings="abc")
     edit_config("factor-not-a-number", rope_parameters={"rope_type": "yarn", "rope_theta": 10000, "factor": "abc",
                                                         "original_max_position_embeddings": 256})
+    edit_config("pad-beyond-vocab", pad_token_id=32000)  # the embedding has rows 0..31999
+    edit_config("tokenizer-beyond-vocab", max_position_embeddings=2048)  # a tokenizer that adds id 32000:
+    d = root / "tokenizer-beyond-vocab"
+    tokenizer = json.loads((d / "tokenizer.json").read_text())
+    tokenizer["added_tokens"].append({"id": 32000, "content": "<pad>", "single_word": False, "lstrip": False,
+                                      "rstrip": False, "normalized": False, "special": True})
+    (d / "tokenizer.json").write_text(json.dumps(tokenizer))
+    tokenizer_config = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps({**tokenizer_config, "pad_token": "<pad>"}))
+    edit_config("llama3-scaled", rope_parameters={"rope_type": "llama3", "rope_theta": 10000, "factor": 8.0,
+                                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                  "original_max_position_embeddings": 256})
     d = copy("pickled-code")
     (d / "model.safetensors").unlink()
     with open(d / "pytorch_model.bin", "wb") as f:
@@ -104,6 +116,7 @@ CASES = [
     ("info {w}/not-json-header", "model.safetensors"),
     ("info {w}/length-not-a-number", "max_position_embeddings"),
     ("info {w}/pickled-code", "pytorch_model.bin"),
+    ("info {w}/pad-beyond-vocab", "pad_token_id 32000 is not below vocab_size 32000"),
     # yarn
     ("yarn {w}/ckpt --factor 2 --beta-fast nan -o {w}/new", "--beta-fast must be a number > 0, got nan"),
     ("yarn {w}/ckpt --factor 2 --beta-fast -5 -o {w}/new", "--beta-fast must be a number > 0"),
@@ -113,6 +126,8 @@ CASES = [
     ("yarn {w}/truncated --factor 2 -o {w}/new", "model.safetensors"),
     ("yarn {w}/factor-not-a-number --factor 2 -o {w}/new", "factor"),
     ("yarn {w}/length-not-a-number --factor 2 -o {w}/new", "max_position_embeddings"),
+    ("yarn {w}/llama3-scaled --factor 2 -o {w}/new", "--rescale"),
+    ("yarn {w}/pad-beyond-vocab --factor 2 -o {w}/new", "pad_token_id 32000"),
     # init
     ("init {w}/afile --preset tiny --attention baseline", "is a file, not a folder"),
     ("init {w}/mine --preset tiny --attention baseline --overwrite", "exists and was not made by longctx"),
@@ -127,6 +142,8 @@ CASES = [
      "--cache-dir {w}/afile", "is a file, not a folder"),
     ("extend {w}/ckpt --rope-base 1e5 --seq-len 512 --data hf:nobody/nothing --steps 1 -o {w}/new",
      "not in the local Hugging Face cache"),
+    ("extend {w}/tokenizer-beyond-vocab --rope-base 1e5 --seq-len 512 --data synthetic:mixed --steps 1 -o {w}/new",
+     "the model's embedding has 32000 rows"),
     ("extend {w}/truncated --rope-base 1e5 --seq-len 512 --data synthetic:mixed --steps 1 -o {w}/new",
      "model.safetensors"),
     # ruler prepare / ruler
@@ -139,11 +156,14 @@ CASES = [
     ("ruler {w}/long --lengths 1k --tasks vt --backend hf -o {w}/afile/sub", "is a file, not a folder"),
     ("ruler {w}/long --lengths 1k --tasks vt --backend hf -o {w}/mine", "is not a longctx ruler run directory"),
     ("ruler {w}/truncated --lengths 1k --tasks vt --backend hf -o {w}/new", "model.safetensors"),
+    ("ruler {w}/tokenizer-beyond-vocab --lengths 1k --tasks vt --backend hf -o {w}/new",
+     "has pad_token_id 32000, but the model's embedding has 32000 rows"),
     # sinks
     ("sinks {w}/no-tokenizer --tokens 256 -o {w}/new", "tokenizer"),
     ("sinks {w}/ckpt --tokens 256 --device cuda -o {w}/new", "--device cuda"),
     ("sinks {w}/ckpt --tokens 256 -o {w}/ckpt/sinks", "lies inside the checkpoint"),
     ("sinks {w}/ckpt --tokens 256 -o {w}/mine", "exists and was not made by longctx"),
+    ("sinks {w}/tokenizer-beyond-vocab --tokens 256 -o {w}/new", "the model's embedding has 32000 rows"),
     # compare
     ("compare {w}/partial-run", "is incomplete or corrupt"),
     ("compare {w}/partial-run -o {w}/afile", "is a file, not a folder"),

@@ -4,7 +4,6 @@ run-directory binding, bad inputs, and `longctx compare` over real runs."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import require_vllm
+from conftest import require_vllm, user_environment
 
 from longctx.cli.main import cli
 from longctx.core.errors import InputError
@@ -231,7 +230,7 @@ def _free_port() -> int:
 def test_openai_backend_against_a_real_vllm_serve(gated_yarn_checkpoint, tmp_path):
     require_vllm()
     port = _free_port()
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OPENAI_API_KEY": "sk-test-not-stored"}
+    env = {**user_environment(), "VLLM_CPU_KVCACHE_SPACE": "1", "OPENAI_API_KEY": "sk-test-not-stored"}
     log = open(tmp_path / "serve.log", "w")
     # `vllm serve` itself; the `vllm` console script of vllm-cpu looks up the wrong distribution name
     proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",

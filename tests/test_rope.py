@@ -1,6 +1,7 @@
 """RoPE/YaRN settings and reference math.
 
-Golden numbers: computed by hand from Peng et al., arXiv 2309.00071 §3.2 (eq. 17-20) in fp32. Equivalence: transformers 5.19 `modeling_rope_utils._compute_yarn_parameters`
+Golden numbers: computed by hand from Peng et al., arXiv 2309.00071 §3.2 (eq. 17-20) in fp32. Equivalence:
+transformers 5.19 `modeling_rope_utils._compute_yarn_parameters`
 (`ROPE_INIT_FUNCTIONS["yarn"]`) and `Qwen3RotaryEmbedding.forward`.
 """
 
@@ -13,9 +14,14 @@ import torch
 from transformers import AutoConfig, Qwen3Config
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from longctx.core.errors import InputError
 from longctx.checkpoint.rope import read_rope, set_rope_base, write_rope
-from longctx.yarn.reference import rope_cos_sin, yarn_attention_scaling, yarn_correction_range, yarn_inv_freq
+from longctx.core.errors import InputError
+from longctx.checkpoint.yarn_reference import (
+    rope_cos_sin,
+    yarn_attention_scaling,
+    yarn_correction_range,
+    yarn_inv_freq,
+)
 from longctx.yarn.scaling import apply_yarn
 
 QWEN3_LIKE = {  # what Qwen3 ships (transformers 4.x style): "rope_scaling": null, int base
@@ -185,7 +191,7 @@ def test_yarn_refusals_and_rescale():
     assert again.rope.original_max_position_embeddings == 32768 and again.config["max_position_embeddings"] == 65536
     with pytest.raises(InputError, match="unknown RoPE type 'wibble'"):
         apply_yarn({**QWEN3_LIKE, "rope_scaling": {"rope_type": "wibble", "factor": 2.0}}, 4.0)
-    with pytest.raises(InputError, match="on top of RoPE type 'linear'"):
+    with pytest.raises(InputError, match="already linear-scaled.*--rescale --original-max-position-embeddings N"):
         apply_yarn({**QWEN3_LIKE, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}, 4.0)
     with pytest.raises(InputError, match="factor must be > 1"):
         apply_yarn(QWEN3_LIKE, 1.0)
@@ -204,13 +210,13 @@ def test_yarn_explicit_original_and_optional_keys():
 
 
 def test_set_rope_base_writes_integral_base_as_int(tmp_path):
-    cfg, rope = set_rope_base({**QWEN3_LIKE, "rope_theta": 10000, "max_position_embeddings": 4096}, 1e6, 32768)
+    cfg, _ = set_rope_base({**QWEN3_LIKE, "rope_theta": 10000, "max_position_embeddings": 4096}, 1e6, 32768)
     assert cfg["rope_parameters"] == {"rope_type": "default", "rope_theta": 1000000}
     assert isinstance(cfg["rope_parameters"]["rope_theta"], int)
     assert "rope_theta" not in cfg and "rope_scaling" not in cfg and cfg["max_position_embeddings"] == 32768
     hf = _reload(cfg, tmp_path)
     assert hf.rope_parameters["rope_theta"] == 1000000 and hf.max_position_embeddings == 32768
-    with pytest.raises(InputError, match="RoPE type 'yarn'"):
+    with pytest.raises(InputError, match="YaRN-scaled"):
         set_rope_base(apply_yarn(QWEN3_LIKE, 4.0).config, 1e7, 65536)
 
 

@@ -35,10 +35,10 @@ COMMANDS = {("info",): InfoSettings, ("yarn",): YarnSettings, ("init",): InitSet
 # Every field of every settings type set away from its default somewhere here: a new field without a sample
 # fails test_samples_cover_every_field, so the round trips below cover it.
 SAMPLES = {
-    InfoSettings: [dict(checkpoint="ckpt", json=True)],
+    InfoSettings: [dict(checkpoint="ckpt", json=True, trust_remote_code=True)],
     YarnSettings: [dict(checkpoint="ckpt", factor=4.0, original_max_position_embeddings=32768, output="out",
                         rescale=True, overwrite=True, beta_fast=16.0, beta_slow=2.0, truncate=False,
-                        config_format="both")],
+                        config_format="both", trust_remote_code=True)],
     InitSettings: [dict(output="out", preset="paper-1.7b", attention="elementwise", tokenizer="bpe", vocab_size=1024,
                         bpe_corpus=__file__, match_params=True, dtype="bfloat16", seed=3, tie_embeddings=False,
                         config={"max_position_embeddings": 256, "rope_parameters": {"rope_theta": 5e5}},
@@ -46,13 +46,14 @@ SAMPLES = {
     ConvertSettings: [dict(source="released", output="out", overwrite=True)],
     RunSettings: [dict(recipe="r.yaml", output="out", from_stage="ruler", dry_run=True)],
     SinksSettings: [dict(checkpoint="ckpt", data="synthetic:niah", tokens=8192, length=1024, output="out",
-                         batch_size=2, chunk=64, dtype="float32", device="cpu", seed=1, plot=False)],
+                         batch_size=2, chunk=64, dtype="float32", device="cpu", seed=1, plot=False,
+                         trust_remote_code=True)],
     ExtendSettings: [
         dict(checkpoint="ckpt", seq_len=32768, data=["synthetic:mixed", "hf:org/long"], rope_base=1e6,
              short_data=["synthetic:vt"], short_fraction=0.4, tokens=80 * 10**9, tokens_per_step=4 * 2**20,
              micro_batch_size=2, lr=3e-5, warmup_fraction=0.05, min_lr_ratio=0.2, weight_decay=0.01, beta2=0.99,
              grad_clip=0.5, save_every=100, seed=7, dtype="bfloat16", gradient_checkpointing=False, cp_size=2,
-             cache_dir="cache", output="out", resume=True, overwrite=True),
+             cache_dir="cache", output="out", resume=True, overwrite=True, trust_remote_code=True),
         dict(checkpoint="ckpt", seq_len=512, data=["synthetic:mixed"], steps=10, output="out")],
     CompareSettings: [dict(runs=["a", "b"], baseline="a", reference=4096, output="out", sinks=["a/sinks.json"])],
     PrepareSettings: [dict(tokenizer="tok", lengths=[4096, 8192], tasks=["vt", "cwe"], samples=3, seed=1,
@@ -63,7 +64,7 @@ SAMPLES = {
                             backend="openai", dtype="bfloat16", tensor_parallel_size=2, data_parallel_size=2,
                             gpu_memory_utilization=0.5, kv_cache_memory=8 * 10**9, enforce_eager=True,
                             base_url="http://127.0.0.1:8000/v1", model="served", concurrency=2, device="cpu",
-                            plot=False)],
+                            plot=False, trust_remote_code=True)],
 }
 
 

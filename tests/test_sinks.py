@@ -1,9 +1,12 @@
 """`longctx sinks`: first-token attention, M-Act and gate statistics (definitions: Qiu et al. 2025, §4.2-4.3).
 
 The chunked log-sum-exp path is checked against hand-computed values (zero queries give uniform causal
-attention, p(token 0 | query i) = 1/(i+1)) and against transformers' eager attention probabilities
-(`output_attentions=True`, `attn_implementation="eager"`) for a baseline, both gated variants and a
-YaRN checkpoint; M-Act against `output_hidden_states`; gate statistics against `record_gate_scores`.
+attention, p(token 0 | query i) = 1/(i+1)), against an explicit softmax with soft-capping and a sliding
+window, and against transformers' eager attention probabilities (`output_attentions=True`,
+`attn_implementation="eager"`) for a baseline, both gated variants, a YaRN checkpoint and every architecture
+of tests/architectures.py (sliding windows and Gemma 2's soft-capping included); M-Act against
+`output_hidden_states`, which also shows the forward under longctx's attention function is the model's;
+gate statistics against `record_gate_scores`.
 """
 
 import json
@@ -11,10 +14,12 @@ import random
 
 import pytest
 import torch
+from architectures import ARCHITECTURES
 from click.testing import CliRunner
 
+from longctx.core.errors import InputError
 from longctx.report.sinks import plot_sinks, write_sinks_report
-from longctx.sinks.attention import first_token_probs
+from longctx.sinks.attention import Collector, first_token_probs
 from longctx.sinks.measure import measure_sinks, token_windows
 from longctx.sinks.schema import load_sinks
 from longctx.sinks.settings import SinksSettings
@@ -75,6 +80,28 @@ def test_first_token_probs_equals_softmax_with_gqa():
     # zero queries: every visible key scores 0, so attention is uniform and p(token 0 | i) = 1/(i+1)
     uniform = first_token_probs(torch.zeros(1, 4, 37, 8), k[:1], 0.3, 4)
     torch.testing.assert_close(uniform, (1 / torch.arange(1, 38.0)).expand(1, 4, 37))
+
+
+def test_first_token_probs_with_softcap_and_sliding_window():
+    torch.manual_seed(1)
+    n, window, cap = 41, 10, 1.5
+    q, k = torch.randn(2, 4, n, 8) * 3, torch.randn(2, 2, n, 8) * 3
+    scores = q @ k.repeat_interleave(2, dim=1).transpose(-1, -2) * 0.3
+    capped = cap * torch.tanh(scores / cap)  # Gemma 2's soft-cap, before the mask as in its eager attention
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    causal = capped.masked_fill(j > i, float("-inf"))
+    # transformers' sliding_window_causal_mask_function: query i sees key j iff 0 <= i - j < window
+    windowed = capped.masked_fill((j > i) | (i - j >= window), float("-inf"))
+    for chunk in (1, 4, 10, 41, None):
+        torch.testing.assert_close(first_token_probs(q, k, 0.3, chunk, softcap=cap), causal.softmax(-1)[..., 0],
+                                   rtol=1e-5, atol=1e-6)
+        p = first_token_probs(q, k, 0.3, chunk, softcap=cap, window=window)
+        torch.testing.assert_close(p, windowed.softmax(-1)[..., 0], rtol=1e-5, atol=1e-6)
+        assert (p[..., window:] == 0).all() and (p[..., :window] > 0).all()
+    # the cap changes these scores (|s| up to ~10), so the comparison above tests it
+    assert not torch.allclose(first_token_probs(q, k, 0.3), causal.softmax(-1)[..., 0], rtol=1e-3)
+    # a window no shorter than the input is full causal attention
+    torch.testing.assert_close(first_token_probs(q, k, 0.3, 7, window=n), first_token_probs(q, k, 0.3, 7))
 
 
 @pytest.mark.parametrize("attention", ["baseline", "headwise"])
@@ -165,6 +192,93 @@ def test_chunked_path_equals_eager_attention(variant, tmp_path, reference_tokeni
     assert (a["gate_mean"], a["gate_below_0_1"], a["gate_below_0_5"]) == pytest.approx(
         (everything.mean().item(), *fractions))
     assert a["gate_median"] == pytest.approx(everything.median().item(), abs=2e-4)
+
+
+SLIDING_WINDOWS = {"mistral": [128, 128], "gemma2": [128, None]}  # per layer; others: full attention
+
+
+def _eager_reference(ckpt, windows, **config):
+    """transformers' eager forward of `windows`: per-layer (layer, head) F-Attn from its attention weights,
+    per-layer M-Act (mean over windows), and the attention probabilities themselves."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation="eager", **config).eval()
+    last = []
+    model.base_model.layers[-1].register_forward_hook(lambda _m, _i, out: last.append(out.abs().amax(dim=(1, 2))))
+    with torch.no_grad():
+        o = model(torch.tensor(windows), output_attentions=True, output_hidden_states=True)
+    fta = torch.stack([a[:, :, 1:, 0].mean(dim=(0, 2)) for a in o.attentions])
+    m_act = [h.abs().amax(dim=(1, 2)).mean().item() for h in o.hidden_states[1:-1]] + [last[0].mean().item()]
+    return fta, m_act, o.attentions
+
+
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_every_architecture_matches_its_eager_attention(name, architecture_checkpoint, tmp_path, text_file):
+    from transformers import AutoTokenizer
+
+    ckpt = architecture_checkpoint(name)
+    length = 256  # the trained length, past the 128-token sliding windows of mistral and gemma2
+    # chunk 48: the chunk [96, 144) straddles the windows' edge
+    r = measure_sinks(SinksSettings(checkpoint=str(ckpt), output=str(tmp_path / "out"), data=str(text_file),
+                                    tokens=2 * length, length=length, batch_size=2, chunk=48), progress=False,
+                      log=lambda _: None).results
+    assert load_sinks(tmp_path / "out") == json.loads(json.dumps(r))
+    windows, _ = token_windows(AutoTokenizer.from_pretrained(ckpt), str(text_file), 2, length)
+    fta, m_act, attentions = _eager_reference(ckpt, windows)
+
+    torch.testing.assert_close(torch.tensor(r["first_token_attention_per_head"]), fta, rtol=1e-5, atol=1e-7)
+    assert r["first_token_attention"] == pytest.approx(fta.mean(1).tolist(), rel=1e-5)
+    # the same hidden states as transformers' eager forward: longctx's attention function leaves the forward alone
+    assert r["m_act"] == pytest.approx(m_act, rel=1e-5)
+    sliding = SLIDING_WINDOWS.get(name, [None, None])
+    settings = r["settings"]
+    assert (settings["sliding_window"], settings["windows"], settings["length"]) == (sliding, 2, length)
+    assert settings["attn_implementation"] == ("eager" if name == "gemma2" else "sdpa")
+    assert settings["attn_logit_softcapping"] == ([50.0, 50.0] if name == "gemma2" else [None, None])
+    for layer, window in enumerate(sliding):  # the reference does mask: past the window, token 0 is unseen
+        if window is not None:
+            assert attentions[layer][:, :, window:, 0].max() < 1e-30 < attentions[layer][:, :, :window, 0].min()
+
+
+def test_soft_capped_attention_is_measured_capped_and_run_eager(architecture_checkpoint, tmp_path, text_file):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    # a cap of the size of the tiny model's scores, so that capping moves F-Attn by ~1% (50 would move it ~1e-9)
+    ckpt = architecture_checkpoint("gemma2", attn_logit_softcapping=0.05)
+    length = 192
+    r = measure_sinks(SinksSettings(checkpoint=str(ckpt), output=str(tmp_path / "out"), data=str(text_file),
+                                    tokens=2 * length, length=length, chunk=64), progress=False,
+                      log=lambda _: None).results
+    windows, _ = token_windows(AutoTokenizer.from_pretrained(ckpt), str(text_file), 2, length)
+    fta, m_act, _ = _eager_reference(ckpt, windows)
+    torch.testing.assert_close(torch.tensor(r["first_token_attention_per_head"]), fta, rtol=1e-5, atol=1e-7)
+    assert r["m_act"] == pytest.approx(m_act, rel=1e-5)
+    assert r["settings"]["attn_implementation"] == "eager"
+    assert r["settings"]["attn_logit_softcapping"] == [0.05, 0.05]
+    uncapped, _, _ = _eager_reference(ckpt, windows, attn_logit_softcapping=None)
+    assert ((uncapped - fta).abs() / fta).max() > 1e-3
+    # why eager: transformers' SDPA path drops the cap (its output is the uncapped model's), so running
+    # Gemma 2 through SDPA would change the forward the measurement describes
+    hidden = {}
+    for impl in ("sdpa", "eager"):
+        model = AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation=impl).eval()
+        with torch.no_grad():
+            hidden[impl] = model.model(torch.tensor(windows)).last_hidden_state
+    assert (hidden["sdpa"] - hidden["eager"]).abs().max() > 1e-2
+
+
+def test_a_model_that_bypasses_the_attention_function_is_refused(tiny_checkpoint):
+    from longctx.checkpoint.load import load_model
+
+    model = load_model(tiny_checkpoint, dtype="float32", attn_implementation="sdpa").eval()
+    collector = Collector(model, None)
+    try:
+        with torch.no_grad():
+            model.model(torch.tensor([[1, 5, 9, 12]]))
+        with pytest.raises(InputError, match=r"did not call transformers' attention-function interface in layer"):
+            collector.check_seen()
+    finally:
+        collector.close()
 
 
 def _fake_sinks(fingerprint, name, fta, m_act, gate_mean):

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import user_environment
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINTS = ROOT / "checkpoints"
@@ -52,7 +53,7 @@ def test_quick_demo_recipe_runs_on_the_shipped_checkpoints(tmp_path, vllm_engine
     """`longctx run recipes/tiny-cpu-quick.yaml`, exactly as a user runs it (own process, real vLLM)."""
     vllm_engines.close()  # one engine at a time on this machine
     out = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    env = {**user_environment(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     r = subprocess.run([sys.executable, "-m", "longctx", "run", str(ROOT / "recipes" / "tiny-cpu-quick.yaml"),
                         "-o", str(out)], capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

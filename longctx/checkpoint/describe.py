@@ -10,6 +10,7 @@ from typing import TypedDict
 from longctx.checkpoint.directory import (checkpoint_dir, count_parameters, fingerprint, read_config,
                                           read_provenance)
 from longctx.checkpoint.hub import hub_origin
+from longctx.checkpoint.load import model_config, sliding_window, trust_remote_code_setting
 from longctx.checkpoint.rope import read_rope
 from longctx.core.kinds import Bool, Text
 from longctx.core.settings import REQUIRED, Settings, setting
@@ -20,6 +21,7 @@ from longctx.models.variants import attention_label, attention_variant
 class InfoSettings(Settings):
     checkpoint: str = setting(REQUIRED, Text(), "Checkpoint to describe.", cli="argument")
     json: bool = setting(False, Bool(), "Print one JSON object instead of a table.")
+    trust_remote_code: bool = trust_remote_code_setting()
 
 
 class ModelInfo(TypedDict, total=False):
@@ -36,9 +38,11 @@ class ModelInfo(TypedDict, total=False):
     trained_length: int | None  # length before any context scaling
     parent_fingerprint: str | None  # the checkpoint this one was derived from by `longctx yarn`
     hub: dict | None  # repo_id, commit, subfolder: where a checkpoint given by Hub id came from
+    sliding_window: dict | None  # window, layers, of: layers that see only the last `window` tokens
+    remote_code: dict | None  # the auto_map of a checkpoint whose own code built it (--trust-remote-code)
 
 
-def model_info(path: str | os.PathLike, fp: str | None = None) -> ModelInfo:
+def model_info(path: str | os.PathLike, fp: str | None = None, trust_remote_code: bool = False) -> ModelInfo:
     """The ModelInfo of checkpoint `path` (`fp`: its fingerprint when already known)."""
     ckpt = checkpoint_dir(path)
     cfg = read_config(ckpt)
@@ -51,7 +55,37 @@ def model_info(path: str | os.PathLike, fp: str | None = None) -> ModelInfo:
                      attention=attention_label(attention_variant(cfg)), rope_type=rope.rope_type,
                      yarn_factor=rope.factor if rope.rope_type == "yarn" else None,
                      context_length=rope.context_length, trained_length=rope.trained_length,
-                     parent_fingerprint=parent, hub=hub)
+                     parent_fingerprint=parent, hub=hub,
+                     sliding_window=sliding_window(model_config(ckpt, trust_remote_code=trust_remote_code)),
+                     remote_code=ran_remote_code(cfg, trust_remote_code))
+
+
+def ran_remote_code(cfg: dict, trust_remote_code: bool) -> dict | None:
+    """The config's auto_map when its code, trusted, builds the model (what results record)."""
+    from longctx.checkpoint.load import known_model_type
+
+    auto_map = cfg.get("auto_map")
+    if trust_remote_code and isinstance(auto_map, dict) and not known_model_type(cfg.get("model_type")):
+        return auto_map
+    return None
+
+
+def window_text(window: dict | None) -> str:
+    """A `sliding_window` entry in words, e.g. '4096 tokens in 20 of 40 layers'."""
+    if window is None:
+        return "none (every layer attends to the whole sequence)"
+    return f"{window['window']} tokens in {window['layers']} of {window['of']} layers"
+
+
+def sliding_note(name: str, window: dict | None, lengths: list[int]) -> str | None:
+    """What a result at `lengths` means for a model with sliding-window layers (None: nothing to say). The
+    engines run those layers as the model defines them, attending to the last `window` tokens only."""
+    beyond = [L for L in lengths if window is not None and L > window["window"]]
+    if not beyond:
+        return None
+    return (f"{name} has sliding-window attention ({window_text(window)}): at {', '.join(map(str, beyond))} "
+            "tokens those layers see only the last {0} tokens, as the model defines them; it is not full "
+            "attention over the whole sequence").format(window["window"])
 
 
 def checkpoint_name(ckpt: Path) -> str:
@@ -75,16 +109,20 @@ class Description:
     rope_theta: int | float
     rope_theta_from_default: bool
     yarn_factor: float | None
+    rope_factor: float | None  # the scaling factor of any RoPE type that has one (yarn, llama3, linear, ...)
     original_max_position_embeddings: int | None
     max_position_embeddings: int | None
     context_length: int | None
     parameters: int | None
     fingerprint: str
     hub: dict | None  # repo_id, commit, subfolder of a checkpoint given by Hub id
+    sliding_window: dict | None  # window, layers, of: layers that see only the last `window` tokens
+    remote_code: dict | None  # the auto_map of a checkpoint built by its own code (--trust-remote-code)
 
 
-def describe(path: str | os.PathLike) -> Description:
-    """Architecture, attention variant, RoPE, lengths, size (from the weight headers) and fingerprint."""
+def describe(path: str | os.PathLike, trust_remote_code: bool = False) -> Description:
+    """Architecture, attention variant, RoPE, lengths, sliding windows, size (from the weight headers) and
+    fingerprint."""
     p = checkpoint_dir(path)
     cfg = read_config(p)
     rope = read_rope(cfg)
@@ -92,6 +130,8 @@ def describe(path: str | os.PathLike) -> Description:
         checkpoint=str(p), architecture=(cfg.get("architectures") or [None])[0], model_type=cfg.get("model_type"),
         attention=attention_label(attention_variant(cfg)), rope_type=rope.rope_type, rope_theta=rope.theta,
         rope_theta_from_default=rope.theta_is_default, yarn_factor=rope.factor if rope.rope_type == "yarn" else None,
-        original_max_position_embeddings=rope.original_max_position_embeddings,
+        rope_factor=rope.factor, original_max_position_embeddings=rope.original_max_position_embeddings,
         max_position_embeddings=rope.max_position_embeddings, context_length=rope.context_length,
-        parameters=count_parameters(Path(p)), fingerprint=fingerprint(p), hub=hub_origin(p))
+        parameters=count_parameters(Path(p)), fingerprint=fingerprint(p), hub=hub_origin(p),
+        sliding_window=sliding_window(model_config(p, trust_remote_code=trust_remote_code)),
+        remote_code=ran_remote_code(cfg, trust_remote_code))

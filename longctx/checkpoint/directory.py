@@ -48,8 +48,25 @@ def checkpoint_dir(path: str | os.PathLike) -> Path:
         cfg = None  # read_config says what is wrong with the file
     if isinstance(cfg, dict):
         check_config_types(cfg, str(p / "config.json"))
+        check_token_ids(cfg, str(p / "config.json"))
     check_weight_files(p)
     return p
+
+
+def check_token_ids(cfg: dict[str, Any], source: str) -> None:
+    """InputError when config.json names a pad, BOS or EOS id the embedding has no row for: transformers
+    fails building the model (the embedding's padding_idx) and no engine can ever produce such an EOS."""
+    from longctx.checkpoint.tokenizer import embedding_rows
+
+    rows = embedding_rows(cfg)
+    if rows is None:
+        return
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        value = cfg.get(key)
+        for token_id in value if isinstance(value, list) else [value]:
+            if isinstance(token_id, int) and not isinstance(token_id, bool) and token_id >= rows:
+                raise InputError(f"'{source}': {key} {token_id} is not below vocab_size {rows}, so the embedding "
+                                 f"has no row for it; set {key} to the id the tokenizer uses (below {rows}) or null")
 
 
 def read_config(path: str | os.PathLike) -> dict[str, Any]:

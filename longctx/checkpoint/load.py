@@ -22,19 +22,76 @@ def _one_line(e: BaseException, limit: int = 240) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def model_config(path: str | os.PathLike, config: dict[str, Any] | None = None):
+TRUST_REMOTE_CODE_HELP = ("Run the Python code a checkpoint ships (config.json auto_map) to build its config, "
+                          "model or tokenizer; read that code first. Off: such a checkpoint is refused.")
+
+
+def trust_remote_code_setting() -> Any:
+    """The `trust_remote_code` setting every verb that builds a model, config or tokenizer has (off by default,
+    as in transformers and vLLM; recorded with the verb's other settings)."""
+    from longctx.core.kinds import Bool
+    from longctx.core.settings import setting
+
+    return setting(False, Bool(), TRUST_REMOTE_CODE_HELP)
+
+
+def remote_code(auto_map: Any, known: bool) -> str | None:
+    """The classes a config's or tokenizer config's `auto_map` names when transformers would need them (the
+    model or tokenizer type is not one it has: `known` false), as 'AutoConfig: configuration_x.XConfig, ...'."""
+    if known or not isinstance(auto_map, dict) or not auto_map:
+        return None
+    return ", ".join(f"{k}: {v if isinstance(v, str) else '/'.join(map(str, v))}" for k, v in auto_map.items())
+
+
+def check_remote_code(path: str | os.PathLike, what: str, classes: str | None, trust: bool) -> None:
+    """InputError unless `trust` when building `what` (config, tokenizer) of checkpoint `path` runs the code
+    `classes` names (transformers would raise a multi-line ValueError, or prompt on a terminal)."""
+    if classes is not None and not trust:
+        raise InputError(f"'{path}' needs its own Python code to build its {what} ({classes}); longctx runs it only "
+                         "with --trust-remote-code (trust_remote_code: true in a recipe): read that code first")
+
+
+def known_model_type(model_type: Any) -> bool:
+    """Whether transformers has a config class of its own (or longctx's gated family) for `model_type`."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    import longctx.models.gated_qwen3  # noqa: F401  (registers the gated family with the Auto classes)
+
+    return isinstance(model_type, str) and model_type in CONFIG_MAPPING
+
+
+def model_config(path: str | os.PathLike, config: dict[str, Any] | None = None, trust_remote_code: bool = False):
     """The transformers config object of checkpoint `path` (of the config.json dict `config` when given), or
-    InputError with transformers' reason in one line."""
+    InputError with transformers' reason in one line; code the checkpoint ships runs only with
+    `trust_remote_code`."""
+    import json
+
     from transformers import AutoConfig
 
     import longctx.models.gated_qwen3  # noqa: F401  (registers the gated family with the Auto classes)
 
     source = Path(path) / "config.json"
+    raw = config
+    if raw is None:
+        try:
+            raw = json.loads(source.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raw = {}  # transformers says what is wrong with the file
+    if isinstance(raw, dict):
+        classes = remote_code(raw.get("auto_map"), known_model_type(raw.get("model_type")))
+        check_remote_code(path, "config", classes, trust_remote_code)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            if config is None:
-                return AutoConfig.from_pretrained(path)
+            if config is None or trust_remote_code:
+                built = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+                if config is None:
+                    return built
+                # `config` built by the checkpoint's own config class, which still knows where its code is
+                # (the model class of auto_map is looked up in `_name_or_path`)
+                override = type(built).from_dict(dict(config))
+                override._name_or_path = built._name_or_path
+                return override
             return AutoConfig.for_model(config.get("model_type"), **{k: v for k, v in config.items()
                                                                       if k != "model_type"})
     # Building a config reads only the JSON, so whatever goes wrong is the file's (transformers raises
@@ -44,7 +101,24 @@ def model_config(path: str | os.PathLike, config: dict[str, Any] | None = None):
                          "config.json or restore it from the original checkpoint") from None
 
 
-def check_weight_shapes(path: str | os.PathLike, config: Any) -> None:
+def sliding_window(config: Any) -> dict[str, int] | None:
+    """Where the transformers `config`'s layers attend to the last `window` tokens only, as
+    {"window", "layers" (how many do), "of" (layers in all)}; None when every layer sees the whole sequence.
+
+    transformers 5 normalises the families' own keys into `sliding_window` + `layer_types` (Qwen2/Qwen3 clear
+    the window when use_sliding_window is false; Gemma-2/3 alternate layer types); a config with a window but
+    no layer types (Mistral) applies it to every layer, as transformers and vLLM do.
+    """
+    window = getattr(config, "sliding_window", None)
+    layers = getattr(config, "num_hidden_layers", None)
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0 or not isinstance(layers, int):
+        return None
+    types = getattr(config, "layer_types", None)
+    sliding = sum(t == "sliding_attention" for t in types) if types else layers
+    return {"window": window, "layers": sliding, "of": layers} if sliding else None
+
+
+def check_weight_shapes(path: str | os.PathLike, config: Any, trust_remote_code: bool = False) -> None:
     """InputError naming the first tensor whose shape in the checkpoint's safetensors headers differs from the
     model that the transformers `config` describes (tensors only one side has are not compared)."""
     import torch
@@ -58,7 +132,7 @@ def check_weight_shapes(path: str | os.PathLike, config: Any) -> None:
     try:
         with torch.device("meta"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = AutoModelForCausalLM.from_config(config)
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     except (ValueError, KeyError) as e:
         raise InputError(f"checkpoint '{path}': transformers has no causal LM for this config ({_one_line(e)})"
                          ) from None
@@ -71,18 +145,20 @@ def check_weight_shapes(path: str | os.PathLike, config: Any) -> None:
 
 
 def load_model(path: str | os.PathLike, *, dtype: Any = "auto", device: str | None = None,
-               attn_implementation: str | None = None, config: dict[str, Any] | None = None):
+               attn_implementation: str | None = None, config: dict[str, Any] | None = None,
+               trust_remote_code: bool = False):
     """`AutoModelForCausalLM.from_pretrained(path)` in `dtype` ("auto": the checkpoint's; a name such as
-    "float32"; or a torch dtype) on `device`, with `attn_implementation` [default: transformers'], and
-    with `config` (a config.json dict) instead of the checkpoint's own when given."""
+    "float32"; or a torch dtype) on `device`, with `attn_implementation` [default: transformers'], with
+    `config` (a config.json dict) instead of the checkpoint's own when given, running the code the checkpoint
+    ships only with `trust_remote_code`."""
     import torch
     from transformers import AutoModelForCausalLM
 
     check_device(device)
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else dtype
-    built = model_config(path, config)
-    check_weight_shapes(path, built)
-    kwargs: dict[str, Any] = {"dtype": torch_dtype}
+    built = model_config(path, config, trust_remote_code)
+    check_weight_shapes(path, built, trust_remote_code)
+    kwargs: dict[str, Any] = {"dtype": torch_dtype, "trust_remote_code": trust_remote_code}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
     if config is not None:

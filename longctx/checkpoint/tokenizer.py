@@ -20,18 +20,27 @@ def require_tokenizer_files(path: str | os.PathLike) -> None:
                          "copy the tokenizer of the model into it")
 
 
-def load_tokenizer(path: str | os.PathLike) -> Any:
-    """The transformers tokenizer saved in `path`, or InputError when the checkpoint has none, or one that
-    encodes a plain English sentence to nothing (or to special tokens only)."""
+def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False) -> Any:
+    """The transformers tokenizer saved in `path`, or InputError when the checkpoint has none, one that
+    encodes a plain English sentence to nothing (or to special tokens only), or (`path` has a config.json)
+    one with ids the model's embedding has no row for. Code the checkpoint ships runs only with
+    `trust_remote_code`."""
     from transformers import AutoTokenizer
+    from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
+
+    from longctx.checkpoint.load import check_remote_code, remote_code
 
     from ruler_tasks.prepare import check_tokenizer
 
     require_tokenizer_files(path)
+    settings = _json_object(Path(path) / "tokenizer_config.json")
+    name = settings.get("tokenizer_class")
+    known = isinstance(name, str) and tokenizer_class_from_name(name) is not None
+    check_remote_code(path, "tokenizer", remote_code(settings.get("auto_map"), known), trust_remote_code)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            tokenizer = AutoTokenizer.from_pretrained(path)
+            tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     # It reads only the folder's files (and config.json), so whatever goes wrong is theirs: OSError and
     # ValueError for missing or broken files, huggingface_hub's StrictDataclassError for a config field.
     except Exception as e:  # noqa: BLE001
@@ -40,7 +49,47 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
         raise InputError(f"cannot load the tokenizer in '{path}' ({reason}); the checkpoint needs its "
                          "tokenizer files") from None
     check_tokenizer(tokenizer, path)
+    check_tokenizer_fits(tokenizer, _json_object(Path(path) / "config.json"), path)
     return tokenizer
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in `path`; {} when there is none (a missing or unreadable file is reported by whoever
+    reads it for its content)."""
+    import json
+
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def embedding_rows(cfg: dict[str, Any]) -> int | None:
+    """vocab_size of a config.json dict (a multimodal model's text_config's), None when it has none."""
+    rows = cfg.get("vocab_size")
+    text = cfg.get("text_config")
+    if rows is None and isinstance(text, dict):
+        rows = text.get("vocab_size")
+    return rows if isinstance(rows, int) and not isinstance(rows, bool) else None
+
+
+def check_tokenizer_fits(tokenizer: Any, cfg: dict[str, Any], path: str | os.PathLike) -> None:
+    """InputError when the tokenizer can produce an id the model's embedding has no row for: the embedding
+    lookup would fail (an IndexError deep in the forward) or vLLM would refuse the prompt mid-run."""
+    rows = embedding_rows(cfg)
+    if rows is None:
+        return
+    specials = {name: getattr(tokenizer, f"{name}_token_id", None) for name in ("bos", "eos", "pad", "unk")}
+    for name, token_id in specials.items():
+        if isinstance(token_id, int) and token_id >= rows:
+            raise InputError(f"the tokenizer in '{path}' has {name}_token_id {token_id}, but the model's embedding "
+                             f"has {rows} rows (config.json vocab_size): use the tokenizer the model was trained "
+                             "with, or resize the embedding")
+    if len(tokenizer) > rows:
+        raise InputError(f"the tokenizer in '{path}' has {len(tokenizer)} tokens, but the model's embedding has "
+                         f"{rows} rows (config.json vocab_size), so ids {rows} to {len(tokenizer) - 1} have none: "
+                         "use the tokenizer the model was trained with, or resize the embedding")
 
 
 def special_tokens_added(tokenizer: Any) -> int:

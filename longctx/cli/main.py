@@ -70,20 +70,24 @@ def _echo_report(rep) -> None:
 def _info(s: InfoSettings) -> None:
     """Show a checkpoint's architecture, attention variant, RoPE setup, lengths, size and fingerprint."""
 
-    from longctx.checkpoint.describe import describe
+    from longctx.checkpoint.describe import describe, window_text
 
-    d = dataclasses.asdict(describe(s.checkpoint))
+    d = dataclasses.asdict(describe(s.checkpoint, s.trust_remote_code))
     if s.json:
         click.echo(json.dumps(d, indent=2))
         return
     rope = f"{d['rope_type']}, base {d['rope_theta']}" + (" (model default)" if d["rope_theta_from_default"] else "")
-    if d["yarn_factor"] is not None:
-        rope += f", factor {d['yarn_factor']:g} from original length {d['original_max_position_embeddings']}"
+    if d["rope_factor"] is not None:
+        original = d["original_max_position_embeddings"]
+        rope += f", factor {d['rope_factor']:g}" + (f" from original length {original}" if original else "")
     params = f"{d['parameters']:,}" if d["parameters"] is not None else "no weight files"
     rows = [("checkpoint", d["checkpoint"]), ("architecture", f"{d['architecture']} (model_type {d['model_type']})"),
             ("attention", d["attention"]), ("rope", rope), ("max_position_embeddings", d["max_position_embeddings"]),
-            ("context length", f"{d['context_length']} tokens (prompt + generation)"), ("parameters", params),
+            ("context length", f"{d['context_length']} tokens (prompt + generation)"),
+            ("sliding window", window_text(d["sliding_window"])), ("parameters", params),
             ("fingerprint", d["fingerprint"])]
+    if d["remote_code"] is not None:
+        rows.insert(2, ("remote code", ", ".join(f"{k}: {v}" for k, v in d["remote_code"].items())))
     if d["hub"] is not None:
         hub = d["hub"]
         rows.insert(1, ("hub", f"{hub['repo_id']}{'/' + hub['subfolder'] if hub['subfolder'] else ''} "

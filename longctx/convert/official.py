@@ -185,6 +185,7 @@ def convert_checkpoint(s: ConvertSettings) -> ConvertResult:
     from safetensors.torch import save_file
 
     from longctx.checkpoint.directory import checkpoint_dir, copy_side_files, read_config, write_provenance
+    from longctx.checkpoint.rope import check_written_rope, read_rope
     from longctx.core.files import CHECKPOINT_KIND, atomic_dir, check_output
 
     src, out = checkpoint_dir(s.source), Path(s.output)  # a local folder or a Hub id
@@ -201,6 +202,7 @@ def convert_checkpoint(s: ConvertSettings) -> ConvertResult:
         # the official remote code (*.py) describes the widened q_proj this conversion removes
         copy_side_files(src, tmp, keep=lambda p: p.suffix != ".py")
         config.save_pretrained(tmp)
+        check_written_rope(tmp, read_rope(cfg))  # the official checkpoint's RoPE, as transformers reads it back
         save_file({k: v.contiguous() for k, v in state.items()}, tmp / "model.safetensors", metadata={"format": "pt"})
         write_provenance(tmp, "convert", {"from": s.layout}, src)
     return ConvertResult(out, src, variant, config.architectures[0], sum(v.numel() for v in state.values()),

@@ -131,7 +131,7 @@ class VllmBackend:
     def __init__(self, checkpoint: str, max_model_len: int, *, tensor_parallel_size: int = 1,
                  data_parallel_size: int = 1, dtype: str = "auto", gpu_memory_utilization: float | None = None,
                  kv_cache_memory: int | None = None, enforce_eager: bool = False, seed: int = 0, llm=None,
-                 chunk: int = 64, log_dir: str | os.PathLike | None = None):
+                 chunk: int = 64, log_dir: str | os.PathLike | None = None, trust_remote_code: bool = False):
         self.checkpoint = checkpoint
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.max_model_len = max_model_len
@@ -143,6 +143,8 @@ class VllmBackend:
             self.kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         if kv_cache_memory is not None:
             self.kwargs["kv_cache_memory_bytes"] = kv_cache_memory
+        if trust_remote_code:
+            self.kwargs["trust_remote_code"] = True
         self.llm = llm
         self.owns_engine = llm is None  # a given engine is the caller's to shut down
         self.chunk = chunk
@@ -156,7 +158,7 @@ class VllmBackend:
         from longctx.checkpoint.load import model_config
 
         if self.llm is None:
-            model_config(self.checkpoint)
+            model_config(self.checkpoint, trust_remote_code=self.kwargs.get("trust_remote_code", False))
 
     def _log_path(self) -> Path:
         from longctx.core.files import cache_dir
@@ -258,16 +260,18 @@ class HfBackend:
     name = "hf"
 
     def __init__(self, checkpoint: str, max_model_len: int, *, dtype: str = "auto", device: str | None = None,
-                 seed: int = 0):
+                 seed: int = 0, trust_remote_code: bool = False):
         self.checkpoint = checkpoint
         self.max_model_len = max_model_len
         self.dtype = dtype
         self.device = device
         self.seed = seed
+        self.trust_remote_code = trust_remote_code
         self.model = self.tok = None
 
     def settings(self) -> dict[str, Any]:
-        return {"name": self.name, "max_model_len": self.max_model_len, "dtype": self.dtype}
+        return {"name": self.name, "max_model_len": self.max_model_len, "dtype": self.dtype,
+                **({"trust_remote_code": True} if self.trust_remote_code else {})}
 
     def close(self) -> None:
         self.model = self.tok = None  # the weights are freed with the last reference
@@ -278,7 +282,7 @@ class HfBackend:
         from longctx.checkpoint.load import check_device, model_config
 
         check_device(self.device)
-        model_config(self.checkpoint)
+        model_config(self.checkpoint, trust_remote_code=self.trust_remote_code)
 
     def _load(self):
         import torch
@@ -287,8 +291,9 @@ class HfBackend:
         from longctx.checkpoint.tokenizer import load_tokenizer
 
         device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.tok = self.tok or load_tokenizer(self.checkpoint)
-        self.model = load_model(self.checkpoint, dtype=self.dtype, device=device).eval()
+        self.tok = self.tok or load_tokenizer(self.checkpoint, self.trust_remote_code)
+        self.model = load_model(self.checkpoint, dtype=self.dtype, device=device,
+                                trust_remote_code=self.trust_remote_code).eval()
 
     def generate(self, requests: Iterable[Request], on_result: OnResult) -> None:
         import torch
@@ -436,18 +441,20 @@ def make_backend(s: RulerRunSettings, checkpoint: str, max_model_len: int, engin
     """
     from longctx.checkpoint.tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer(checkpoint)
+    tokenizer = load_tokenizer(checkpoint, s.trust_remote_code)
     if s.backend == "openai":
         backend = OpenAIBackend(s.base_url, s.model, concurrency=s.concurrency, seed=s.seed)
         backend.check()
         return backend
     if s.backend == "hf":
-        backend = HfBackend(checkpoint, max_model_len, dtype=s.dtype or "auto", device=s.device)
+        backend = HfBackend(checkpoint, max_model_len, dtype=s.dtype or "auto", device=s.device,
+                            trust_remote_code=s.trust_remote_code)
         backend.tok = tokenizer
     else:
         backend = VllmBackend(checkpoint, max_model_len, tensor_parallel_size=s.tensor_parallel_size or 1,
                               data_parallel_size=s.data_parallel_size or 1, dtype=s.dtype or "auto",
                               gpu_memory_utilization=s.gpu_memory_utilization, kv_cache_memory=s.kv_cache_memory,
-                              enforce_eager=s.enforce_eager, llm=engine, log_dir=s.output)
+                              enforce_eager=s.enforce_eager, llm=engine, log_dir=s.output,
+                              trust_remote_code=s.trust_remote_code)
     backend.check()
     return backend

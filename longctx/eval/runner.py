@@ -132,7 +132,7 @@ def run_ruler(s: RulerRunSettings, *, engine=None, progress: bool = True, log: C
     after each prediction is written. Bad input raises `InputError`/`RulerInputError` before anything is
     written to `s.output` (a new one is not made) or passed to `log`.
     """
-    from longctx.checkpoint.describe import model_info
+    from longctx.checkpoint.describe import model_info, sliding_note
     from longctx.checkpoint.directory import checkpoint_dir, fingerprint, read_config, versions
     from longctx.checkpoint.rope import check_context, read_rope
     from longctx.checkpoint.tokenizer import special_tokens_added
@@ -156,7 +156,7 @@ def run_ruler(s: RulerRunSettings, *, engine=None, progress: bool = True, log: C
     # An openai endpoint first: an unreachable one is refused before anything is generated.
     bk = make_backend(s, str(ckpt), 0) if s.backend == "openai" else None
     try:
-        tok = load_tokenizer(ckpt)
+        tok = load_tokenizer(ckpt, s.trust_remote_code)
         fp = fingerprint(ckpt)
         n_special = special_tokens_added(tok)
         ctx = rope.context_length
@@ -173,7 +173,7 @@ def run_ruler(s: RulerRunSettings, *, engine=None, progress: bool = True, log: C
             files = {f"{L}/{t.name}.jsonl": manifest["files"][f"{L}/{t.name}.jsonl"] for L in lengths for t in specs}
             record_task_files(out, run, files)
             _check_engine_room(stage.tasks, lengths, specs, n_special, max_model_len)
-            run["model"] = model_info(ckpt, fp)
+            run["model"] = model_info(ckpt, fp, s.trust_remote_code)
             run["backend"] = bk.settings()
             stage.commit(run)
     except BaseException:
@@ -186,6 +186,9 @@ def run_ruler(s: RulerRunSettings, *, engine=None, progress: bool = True, log: C
     reused = sum(len(v) for v in done.values())
     total = sum(entry["samples"] for entry in files.values())
     say(f"lengths: {', '.join(map(str, lengths))}")
+    note = sliding_note(run["model"]["name"], run["model"].get("sliding_window"), lengths)
+    if note:
+        say(f"note: {note}")
     say(f"max_model_len {max_model_len}; {total} samples, {reused} already predicted, {total - reused} to go "
         f"({s.backend})")
     t0 = time.perf_counter()

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from longctx.core.errors import InputError, ref
 from longctx.core.kinds import Bool, Choice, Count, Float, Int, Lengths, LocalPath, Names, Source, Text
+from longctx.checkpoint.load import trust_remote_code_setting
 from longctx.core.settings import REQUIRED, Settings, setting
 from ruler_tasks.templates import TEMPLATE_NAMES
 
@@ -61,6 +62,7 @@ class RulerRunSettings(RulerTaskSettings):
     output: str | None = setting(None, LocalPath(directory=True),
                                  "Run directory (resumable: rerun the same command to continue).", short="-o",
                                  recipe=False, cli_required=True)
+    trust_remote_code: bool = trust_remote_code_setting()
     backend: str = setting("vllm", Choice(BACKENDS, "backend"),
                            "vllm (offline engine), openai (an OpenAI-compatible server) or hf (transformers).")
     dtype: str | None = setting(None, Choice(DTYPES, "dtype"), "Weights dtype [default: auto, the checkpoint's].",

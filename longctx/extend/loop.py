@@ -31,7 +31,8 @@ from longctx.extend.state import latest_step_dir, load_training_state, save_trai
 SETTINGS_FILE = "settings.json"
 # Settings a resumed run may change: they do not change what the run computes. The checkpoint is
 # compared by fingerprint instead of by path.
-RESUME_FREE_FIELDS = ("checkpoint", "resume", "overwrite", "save_every", "gradient_checkpointing", "cache_dir")
+RESUME_FREE_FIELDS = ("checkpoint", "resume", "overwrite", "save_every", "gradient_checkpointing", "cache_dir",
+                      "trust_remote_code")
 WORK_KIND = "extend work folder"
 
 
@@ -54,8 +55,10 @@ def work_dir(output: str | os.PathLike) -> Path:
 def _validate(s: ExtendSettings, world_size: int, cuda: bool) -> tuple[Path, dict[str, Any], list[str]]:
     """Check what the settings alone cannot (the checkpoint, the launch, the output) before anything is
     written; returns (checkpoint dir, new config, notes)."""
+    from longctx.checkpoint.describe import checkpoint_name, sliding_note
     from longctx.checkpoint.directory import checkpoint_dir, read_config
-    from longctx.checkpoint.rope import read_rope, set_rope_base
+    from longctx.checkpoint.load import model_config, sliding_window
+    from longctx.checkpoint.rope import check_written_rope, read_rope, set_rope_base
     from longctx.checkpoint.tokenizer import require_tokenizer_files
 
     if s.checkpoint is None or s.output is None:
@@ -68,8 +71,14 @@ def _validate(s: ExtendSettings, world_size: int, cuda: bool) -> tuple[Path, dic
     notes = []
     if s.rope_base is not None and s.rope_base == rope.theta:
         notes.append(f"the RoPE base is already {rope.theta}; training at the longer length with it unchanged")
-    new_cfg, _ = set_rope_base(cfg, s.rope_base if s.rope_base is not None else rope.theta, s.seq_len)
+    new_cfg, new_rope = set_rope_base(cfg, s.rope_base if s.rope_base is not None else rope.theta, s.seq_len)
+    # before any training: the config the output will have gives this RoPE in transformers
+    check_written_rope(new_cfg, new_rope, trust_remote_code=s.trust_remote_code, checkpoint=ckpt)
     require_tokenizer_files(ckpt)
+    config = model_config(ckpt, trust_remote_code=s.trust_remote_code)
+    window = sliding_note(checkpoint_name(ckpt), sliding_window(config), [s.seq_len])
+    if window:
+        notes.append(f"{window}; the output keeps the window")
     out = Path(s.output)
     check_output(out, CHECKPOINT_KIND, inputs=[("input checkpoint", ckpt)], overwrite=s.overwrite)
     work = work_dir(out)
@@ -255,8 +264,10 @@ def extend(s: ExtendSettings, progress: bool = True) -> ExtendResult:
     if s.resume and (work / SETTINGS_FILE).is_file():
         saved = json.loads((work / SETTINGS_FILE).read_text())
         _check_resumable(saved, s, source_fp)
+    # before the model: a tokenizer that does not fit it is refused first
+    tokenizer = load_tokenizer(ckpt, s.trust_remote_code)
     attn = attention_implementation(cuda, s.cp_size)
-    lm = load_training_model(ckpt, new_cfg, attn, s.gradient_checkpointing)
+    lm = load_training_model(ckpt, new_cfg, attn, s.gradient_checkpointing, s.trust_remote_code)
     acc, dtype = make_accelerator(s, world_size, cuda, fsdp_plugin(lm) if world_size > 1 else None)
     log = acc.print
     for note in notes:
@@ -265,7 +276,6 @@ def extend(s: ExtendSettings, progress: bool = True) -> ExtendResult:
     random.seed(s.seed)
     _log_plan(log, s, plan, dtype, attn, acc, work)
 
-    tokenizer = load_tokenizer(ckpt)
     with acc.main_process_first():
         ds = build_packed_dataset(s.data, tokenizer, s.seq_len, num_tokens=plan.total_tokens, short_specs=s.short_data,
                                   short_fraction=s.short_fraction, seed=s.seed,

@@ -71,12 +71,14 @@ def attention_implementation(cuda: bool, cp_size: int) -> str:
     return "sdpa"
 
 
-def load_training_model(ckpt: Path, new_cfg: dict[str, Any], attn: str, gradient_checkpointing: bool):
+def load_training_model(ckpt: Path, new_cfg: dict[str, Any], attn: str, gradient_checkpointing: bool,
+                        trust_remote_code: bool = False):
     """The checkpoint's model with the new RoPE config, in fp32 master weights (bf16 is autocast with one
     process, FSDP2 mixed precision with many), in training mode."""
     from longctx.checkpoint.load import load_model
 
-    lm = load_model(ckpt, dtype="float32", attn_implementation=attn, config=new_cfg)
+    lm = load_model(ckpt, dtype="float32", attn_implementation=attn, config=new_cfg,
+                    trust_remote_code=trust_remote_code)
     if gradient_checkpointing:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     lm.train()

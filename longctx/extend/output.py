@@ -40,8 +40,8 @@ def write_output(acc, module, ckpt: Path, new_cfg: dict[str, Any], s: ExtendSett
                  extra: dict[str, Any]) -> None:
     """The output checkpoint (main process): gathered weights in the source's dtype, the source's config with
     only the RoPE base and length changed, its side files, the training log and provenance."""
-    from longctx.checkpoint.directory import copy_side_files, read_config, write_provenance
-    from longctx.checkpoint.rope import read_rope
+    from longctx.checkpoint.directory import copy_side_files, write_provenance
+    from longctx.checkpoint.rope import check_written_rope, read_rope
     from longctx.core.files import CHECKPOINT_KIND, atomic_dir, write_json
 
     sd = _full_state_dict(acc, module)
@@ -54,9 +54,8 @@ def write_output(acc, module, ckpt: Path, new_cfg: dict[str, Any], s: ExtendSett
                            max_shard_size=MAX_SHARD_SIZE)
         copy_side_files(ckpt, tmp)
         write_json(tmp / "config.json", {**new_cfg, "dtype": str(dtype).removeprefix("torch.")})
-        rope = read_rope(read_config(tmp))
-        if rope.max_position_embeddings != s.seq_len or rope.rope_type != "default":
-            raise RuntimeError(f"written config does not say max_position_embeddings {s.seq_len}: {rope}")
+        # what _validate checked before training, now on the file itself
+        check_written_rope(tmp, read_rope(new_cfg), trust_remote_code=s.trust_remote_code)
         shutil.copy2(work / LOG_FILE, tmp / LOG_FILE)
         args = {**s.record(), "plan": dataclasses.asdict(plan), **extra}
         write_provenance(tmp, "extend", args, ckpt)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from longctx.checkpoint.load import trust_remote_code_setting
 from longctx.core.errors import InputError, ref
 from longctx.core.kinds import Bool, Choice, Count, Float, Int, Length, LocalPath, Number, Specs, Text
 from longctx.core.settings import REQUIRED, Settings, setting
@@ -43,6 +44,7 @@ class ExtendSettings(Settings):
     seed: int = setting(0, Int(), "Seed of the data order and synthetic data.")
     dtype: str | None = setting(None, Choice(DTYPES, "dtype"),
                                 "Compute dtype [default: bfloat16 on GPU, float32 on CPU].")
+    trust_remote_code: bool = trust_remote_code_setting()
     gradient_checkpointing: bool = setting(True, Bool(), "Recompute activations in backward (off: faster, far more "
                                                          "memory).")
     cp_size: int = setting(1, Int(minimum=1), "Context-parallel ranks per sequence (GPUs; causal attention, no "

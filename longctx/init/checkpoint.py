@@ -65,8 +65,9 @@ def init_checkpoint(s: InitSettings) -> InitResult:
     from transformers import GenerationConfig
 
     from longctx.checkpoint.directory import write_provenance
+    from longctx.checkpoint.rope import check_written_rope, read_rope
     from longctx.core.files import CHECKPOINT_KIND, atomic_dir, check_output
-    from longctx.init.presets import PRESET_DTYPES, model_config, parameter_count
+    from longctx.init.presets import PRESET_DTYPES, PRESETS, model_config, parameter_count
     from longctx.models.gated_qwen3 import causal_lm_class
 
     s.check_inputs()
@@ -94,6 +95,8 @@ def init_checkpoint(s: InitSettings) -> InitResult:
         params = sum(p.numel() for p in model.parameters())
         model.save_pretrained(tmp, max_shard_size="5GB")
         GenerationConfig(**ids).save_pretrained(tmp)
+        # the RoPE asked for (preset, then --config), as transformers reads the written config back
+        check_written_rope(tmp, read_rope({"model_type": config.model_type, **PRESETS[s.preset], **overrides}))
         args = {"preset": s.preset, "attention": s.attention, "tokenizer": s.tokenizer, "match_params": s.match_params,
                 "seed": s.seed, "dtype": dtype, **({"bpe_vocab_size": s.vocab_size} if s.tokenizer == "bpe" else {}),
                 **overrides}

@@ -200,6 +200,7 @@ def _write(cmp: Comparison, table: _Table, out: Path) -> None:
 
 def compare(s: CompareSettings) -> Comparison:
     """The comparison of `s.runs` (see the module docstring), written to `s.output` when given."""
+    from longctx.checkpoint.describe import sliding_note
     from longctx.report.sinks import COMPARE_COLUMNS, compare_cells, sinks_for_runs
 
     dirs = [Path(d) for d in s.runs]
@@ -218,6 +219,8 @@ def compare(s: CompareSettings) -> Comparison:
         notes.append(f"compared on the {len(tasks)} tasks every run has ({', '.join(tasks)}); "
                      f"left out: {', '.join(t for t in all_tasks if t not in tasks)}")
     table = _table(runs, dirs, names, tasks, notes)
+    notes += [n for run, name in zip(runs, names)
+              if (n := sliding_note(name, run["model"].get("sliding_window"), run["lengths"]))]
     table.reference = _reference(table, runs, s.reference)
     base_name = names[dirs.index(Path(s.baseline))] if s.baseline is not None else None
     columns, rows = _rows(table, runs, base_name)

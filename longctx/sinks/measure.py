@@ -7,15 +7,20 @@ on held-out text, per layer and averaged over layers (the definitions travel in 
 
 - first-token attention (F-Attn): the attention probability on token 0, averaged over heads, query
   positions 1..L-1 (position 0 is excluded: it can only attend to itself, so its value is always 1)
-  and windows;
+  and windows; in a sliding-window layer a query past the window cannot see token 0 and counts as 0;
 - M-Act: the largest |value| of a decoder layer's output hidden state (the residual stream leaving the
   layer) over tokens and channels of one window, averaged over windows (the max over windows is kept
   too); the average over layers is the number the paper's Table 4 reports;
 - gate scores (gated models only): mean, median and fraction below 0.1 and 0.5 of sigmoid(gate) over
   tokens, dims and windows, per layer and per head; a baseline model has "no gate" (null in JSON).
 
-Long inputs never materialise an attention matrix (`longctx.sinks.attention`), so it runs at 32k tokens
-on a GPU and at several thousand on CPU.
+The model is loaded with longctx's attention function (`longctx.sinks.attention`), registered in
+transformers' attention-function interface: every layer hands it the query and key it would hand SDPA (after
+QK-norm and RoPE, whatever the architecture), it measures first-token attention from them, soft-capped and
+windowed as the layer is, and returns the output of transformers' own backend, so the forward is the model's.
+So it reads any architecture transformers runs through that interface, from the exact tensors its backend
+uses. Long inputs never materialise an attention matrix (except in soft-capped models such as Gemma 2, whose
+eager attention forms one), so it runs at 32k tokens on a GPU and at several thousand on CPU.
 """
 
 from __future__ import annotations
@@ -67,18 +72,16 @@ def token_windows(tokenizer, spec: str, windows: int, length: int, seed: int = 0
     return [bos + stream[w * body:(w + 1) * body] for w in range(windows)], bool(bos)
 
 
-def _load_model(ckpt: Path, dtype: str, device: str):
-    """The model with SDPA attention, refused unless its attention layers have what the hooks read."""
+def _load_model(ckpt: Path, dtype: str, device: str, trust_remote_code: bool):
+    """The model with longctx's attention function, refused unless it has the decoder stack the hooks read."""
     from longctx.checkpoint.load import load_model
+    from longctx.sinks.attention import register_attention
 
-    model = load_model(ckpt, dtype=dtype, attn_implementation="sdpa")
-    layers = getattr(model.base_model, "layers", None)
-    attn = getattr(layers[0], "self_attn", None) if layers else None
-    if not all(hasattr(attn, a) for a in ("q_norm", "k_norm", "scaling", "config")):
-        raise InputError(f"'{ckpt}' is a {type(model).__name__}; longctx sinks reads Qwen3-architecture models "
-                         "(Qwen3 and the gated_qwen3 family)")
-    if any(layer.self_attn.sliding_window for layer in layers):
-        raise InputError(f"'{ckpt}' has sliding-window attention layers; longctx sinks needs full causal attention")
+    model = load_model(ckpt, dtype=dtype, attn_implementation=register_attention(),
+                       trust_remote_code=trust_remote_code)
+    if not len(getattr(model.base_model, "layers", None) or ()):
+        raise InputError(f"'{ckpt}' is a {type(model).__name__} without a stack of decoder layers (base_model.layers); "
+                         "longctx sinks reads decoder-only language models")
     return model.to(device).eval()
 
 
@@ -96,6 +99,8 @@ def _forward_all(model, windows: list[list[int]], batch_size: int, chunk: int | 
             for start in range(0, len(windows), batch_size):
                 ids = torch.tensor(windows[start:start + batch_size], device=device)
                 model.base_model(input_ids=ids, use_cache=False)  # no lm_head: 32k x vocab logits are not needed
+                if start == 0:  # a model that bypasses the attention function fails now, not after every window
+                    collector.check_seen()
                 bar.update(ids.shape[0])
         bar.close()
         return collector, collector.summary()
@@ -111,7 +116,8 @@ def measure_sinks(s: SinksSettings, progress: bool = True, log: Callable[[str], 
     Windows: ceil(tokens / length) of `length` tokens [default: the checkpoint's trained length, at most
     4096; beyond the checkpoint's context length is an error that suggests `longctx yarn`]. dtype [default:
     auto (the checkpoint's) on GPU, float32 on CPU]. Memory: the model's forward at batch_size x length with
-    SDPA, plus one layer's q and k in fp32 and the score chunk; never an L x L matrix.
+    SDPA, plus one layer's q and k in fp32 and the score chunk; never an L x L matrix, except in a model with
+    attention logit soft-capping (Gemma 2), whose layers run transformers' eager attention, as SDPA cannot cap.
     """
     import torch
 
@@ -133,15 +139,15 @@ def measure_sinks(s: SinksSettings, progress: bool = True, log: Callable[[str], 
     check_context(ckpt, rope, length)
     # Before any measuring: a config transformers cannot build, and a tokenizer that encodes text to nothing
     # (a folder with tokenizer_config.json only), which would otherwise give numbers computed from no text.
-    model_config(ckpt)
-    tokenizer = load_tokenizer(ckpt)
+    model_config(ckpt, trust_remote_code=s.trust_remote_code)
+    tokenizer = load_tokenizer(ckpt, s.trust_remote_code)
     device = s.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = s.dtype or ("float32" if device == "cpu" else "auto")
     n_windows = math.ceil(s.tokens / length)
     spec = s.data or default_data_spec()
     windows, bos = token_windows(tokenizer, spec, n_windows, length, s.seed)
     fp = fingerprint(ckpt)
-    model = _load_model(ckpt, dtype, device)
+    model = _load_model(ckpt, dtype, device, s.trust_remote_code)
     model_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     log(f"{n_windows} window(s) of {length} tokens ({n_windows * length} tokens) from {spec}, on {device} in "
         f"{model_dtype}")
@@ -152,10 +158,10 @@ def measure_sinks(s: SinksSettings, progress: bool = True, log: Callable[[str], 
     gate_total = stats.pop("gate_total", None)
     fta, m_act = stats["first_token_attention"], stats["m_act"]
     results = SinksResults(
-        format=SINKS_FORMAT, model=model_info(ckpt, fp),
+        format=SINKS_FORMAT, model=model_info(ckpt, fp, s.trust_remote_code),
         settings={"data": spec, "tokens": s.tokens, "windows": n_windows, "length": length,
                   "tokens_used": n_windows * length, "bos": bos, "seed": s.seed, "batch_size": s.batch_size,
-                  "chunk": s.chunk, "dtype": model_dtype, "device": device, "attn_implementation": "sdpa"},
+                  "chunk": s.chunk, "dtype": model_dtype, "device": device, **collector.attention_settings()},
         definitions=DEFINITIONS, layers=collector.n_layers, heads=collector.heads, kv_heads=collector.kv_heads,
         **stats,
         averages={"first_token_attention": sum(fta) / len(fta), "m_act": sum(m_act) / len(m_act),

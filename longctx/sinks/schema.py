@@ -18,7 +18,9 @@ GATE_BINS = 10_000  # histogram bins over [0, 1] for the gate median (error <= 1
 DEFINITIONS = {
     "first_token_attention": "mean attention probability on token 0 over heads, query positions 1..L-1 "
                              "(position 0 excluded: it attends only to itself) and windows; per layer, "
-                             "and averaged over layers",
+                             "and averaged over layers; probabilities are the layer's own (after its logit "
+                             "soft-cap, if any), and in a sliding-window layer a query at position >= window "
+                             "cannot see token 0, so it counts as 0",
     "m_act": "max |hidden state| of each decoder layer's output (the residual stream) over tokens and "
              "channels of a window, averaged over windows (m_act_max: the max over windows); per layer, "
              "and averaged over layers",
@@ -42,7 +44,10 @@ class SinksResults(TypedDict):
 
     format: str
     model: ModelInfo
-    settings: dict[str, Any]  # data, tokens asked, windows, length, tokens used, BOS, batch, chunk, dtype, device
+    # data, tokens asked, windows, length, tokens used, BOS, batch, chunk, dtype, device; attn_implementation
+    # (the transformers backend the forward ran: "sdpa", or "eager" for soft-capped layers; a per-layer list if
+    # layers differ), sliding_window and attn_logit_softcapping per layer (null: none)
+    settings: dict[str, Any]
     definitions: dict[str, str]
     layers: int
     heads: int

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from longctx.checkpoint.load import trust_remote_code_setting
 from longctx.core.errors import InputError, ref
 from longctx.core.kinds import Bool, Choice, Count, Int, Length, LocalPath, Source, Text
 from longctx.core.settings import Settings, setting
@@ -26,6 +27,7 @@ class SinksSettings(Settings):
     output: str | None = setting(None, LocalPath(directory=True), "Folder for sinks.json, sinks.md and sinks.png "
                                  "(a RULER run directory: compare then shows them).", short="-o", recipe=False,
                                  cli_required=True)
+    trust_remote_code: bool = trust_remote_code_setting()
     batch_size: int = setting(1, Int(minimum=1), "Windows per forward.")
     chunk: int | None = setting(None, Int(minimum=1), "Queries per score chunk [default: the fp32 scores of one chunk "
                                                       "stay under 256 MiB].")

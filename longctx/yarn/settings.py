@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from longctx.checkpoint.load import trust_remote_code_setting
 from longctx.core.kinds import Bool, Choice, Factor, Float, Length, LocalPath, Text
 from longctx.core.settings import REQUIRED, Settings, setting
 
@@ -16,10 +17,12 @@ class YarnSettings(Settings):
                                      cli_required=True)
     factor: float = setting(REQUIRED, Factor(), "Context scaling factor, > 1 (4: 32k -> 128k).")
     original_max_position_embeddings: int | None = setting(
-        None, Length(), "Length the model was trained at [default: the checkpoint's trained length].")
+        None, Length(), "Length the model was trained at before any RoPE scaling [default: the checkpoint's "
+                        "original length; linear scaling does not record it].")
     output: str | None = setting(None, LocalPath(directory=True),
                                  "Output directory [default: CHECKPOINT-yarn<factor>x].", short="-o", recipe=False)
-    rescale: bool = setting(False, Bool(), "Re-scale a checkpoint that is already YaRN-scaled.")
+    rescale: bool = setting(False, Bool(), "Replace the checkpoint's RoPE scaling (yarn, llama3, linear, dynamic, "
+                                           "longrope) with YaRN from its original length.")
     overwrite: bool = setting(False, Bool(), "Replace the output directory if it exists.", recipe=False)
     beta_fast: float | None = setting(None, Float(0, low_open=True, words="a number > 0"),
                                       "YaRN beta_fast (written only when given; engines default to 32).")
@@ -29,3 +32,4 @@ class YarnSettings(Settings):
                                     flag="--truncate/--no-truncate")
     config_format: str = setting("v5", Choice(CONFIG_FORMATS, "config format"),
                                  "v5: rope_parameters (transformers 5); v4: rope_theta + rope_scaling; both.")
+    trust_remote_code: bool = trust_remote_code_setting()
