@@ -108,6 +108,7 @@ def test_ruler_hf_runs_every_architecture_past_its_trained_length(name, yarned, 
     assert results["model"]["sliding_window"] == WINDOWS.get(name)
     assert results["samples"]["niah_single_1"][YARN_FACTOR * TRAINED_LENGTH] == 1
     assert any("sliding-window attention" in line for line in said) == (name in WINDOWS)
+    assert ("sliding-window attention" in (tmp_path / "run" / "results.md").read_text()) == (name in WINDOWS)
 
 
 # llama3 and phi3 run through vLLM in tests/test_yarn_vllm.py (prompt log-probs equal transformers')

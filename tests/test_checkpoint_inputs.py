@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import require_vllm
+from conftest import require_vllm, user_environment
 
 from longctx.cli.main import cli
 from longctx.core.errors import InputError
@@ -415,7 +415,7 @@ def test_vllm_engine_start_failure_is_one_line_with_the_full_output_in_a_log(tin
     ckpt = _ruler_checkpoint(tiny_checkpoint, tmp_path / "ckpt")
     edit_config(ckpt, intermediate_size=384)
     out = tmp_path / "run"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "TQDM_DISABLE": "1"}  # no progress bars on stderr
+    env = {**user_environment(), "VLLM_CPU_KVCACHE_SPACE": "1", "TQDM_DISABLE": "1"}  # no progress bars on stderr
     r = subprocess.run([sys.executable, "-m", "longctx", "ruler", "run", str(ckpt), "--backend", "vllm", "--dtype",
                         "float32", "--enforce-eager", "--lengths", "1k", "--tasks", "niah_single_1", "--samples", "1",
                         "--data-dir", RULER_DATA, "-o", str(out), "--no-plot"],

@@ -164,3 +164,22 @@ def test_a_recipe_takes_a_hub_checkpoint(hub, tmp_path):
     assert prov["source_hub"] == {"repo_id": "org/tiny", "commit": COMMIT, "subfolder": None}
     r = run("run", recipe, "-o", tmp_path / "runs")
     assert r.exit_code == 0 and "skip yarn for m: up to date" in r.output, r.output
+
+
+def test_init_takes_a_hub_tokenizer(hub, tmp_path):
+    r = run("init", tmp_path / "fresh", "--preset", "tiny", "--attention", "baseline", "--tokenizer", "org/tiny")
+    assert r.exit_code == 0, r.output
+    prov = json.loads((tmp_path / "fresh" / "longctx.json").read_text())
+    assert prov["args"]["tokenizer_hub"] == {"repo_id": "org/tiny", "commit": COMMIT, "subfolder": None}
+    assert not (tmp_path / "fresh" / "tokenizer.json").is_symlink()
+    one_line_exit_2(run("init", tmp_path / "other", "--preset", "tiny", "--attention", "baseline", "--tokenizer",
+                        "org/absent"), "hf download org/absent")
+    assert not (tmp_path / "other").exists()
+
+
+def test_extend_trains_a_hub_checkpoint(hub, tmp_path):
+    r = run("extend", "org/tiny@" + OTHER, "--rope-base", "1e5", "--seq-len", 512, "--data", "synthetic:mixed",
+            "--steps", 1, "--tokens-per-step", 512, "--cache-dir", tmp_path / "cache", "-o", tmp_path / "ext")
+    assert r.exit_code == 0, r.output
+    prov = json.loads((tmp_path / "ext" / "longctx.json").read_text())
+    assert prov["source_hub"] == {"repo_id": "org/tiny", "commit": OTHER, "subfolder": None}

@@ -77,12 +77,36 @@ def test_released_recipe_plans_with_its_models_not_downloaded(tmp_path, monkeypa
     assert ("input  models.baseline.convert.source: QwQZh/gated_attention/1B_baseline is not in the local Hugging "
             "Face cache; its stage downloads it, or fetch it first: hf download QwQZh/gated_attention --include "
             "1B_baseline/*") in r.output
-    assert r.output.count("is not in the local Hugging Face cache") == 3
+    assert r.output.count("convert.source: QwQZh/gated_attention/") == 3
+    assert ("input  extend.data: hf:emozilla/pg19 is not in the local Hugging Face cache; its stage downloads it, "
+            "or fetch it first: hf download --repo-type dataset emozilla/pg19") in r.output
     assert "run    convert for headwise" in r.output and not (tmp_path / "out").exists()
     r = run(local_variant(RECIPES / "released-1b.yaml", tmp_path), "--dry-run", "-o", tmp_path / "out")
     assert r.exit_code == 0, r.output
     assert "run    convert for elementwise" in r.output and "accelerate launch" in r.output
     assert "torchrun" not in r.output
+
+
+@pytest.mark.parametrize("recipe", sorted(p.name for p in RECIPES.glob("*.yaml")))
+def test_every_shipped_recipe_plans_offline_with_nothing_cached(recipe, tmp_path, monkeypatch):
+    """--dry-run plans each shipped recipe offline with an empty cache, listing every Hub input and hf: dataset
+    it would need with the command that fetches it; a real run refuses the first of them at once."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    r = run(RECIPES / recipe, "--dry-run", "-o", tmp_path / "out")
+    assert r.exit_code == 0, r.output
+    from longctx.recipe.load import load_recipe
+    from longctx.recipe.plan import recipe_data
+
+    hf_data = {spec for _, spec in recipe_data(load_recipe(RECIPES / recipe, offline_data=False))
+               if spec.startswith("hf:")}
+    for spec in hf_data:
+        assert f"{spec} is not in the local Hugging Face cache; its stage downloads it, or fetch it first: hf " \
+               f"download --repo-type dataset {spec.removeprefix('hf:').split(':')[0]}" in r.output
+    if hf_data:
+        r = run(RECIPES / recipe, "-o", tmp_path / "out")
+        assert r.exit_code == 2 and "not in the local Hugging Face cache and HF_HUB_OFFLINE=1" in r.stderr
+        assert not (tmp_path / "out").exists()
 
 
 def test_torchrun_and_multi_machine_launch_lines(tmp_path):

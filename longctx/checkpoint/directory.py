@@ -7,7 +7,6 @@ tokenizer files and `generation_config.json`. Every verb that writes one builds 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -142,11 +141,9 @@ def versions() -> dict[str, str | None]:
 
 def read_provenance(path: Path) -> dict[str, Any]:
     """The `longctx.json` of a checkpoint ({} when it has none or it is unreadable)."""
-    with contextlib.suppress(OSError, json.JSONDecodeError):
-        doc = json.loads((path / PROVENANCE_FILE).read_text())
-        if isinstance(doc, dict):
-            return doc
-    return {}
+    from longctx.checkpoint.load import json_object
+
+    return json_object(path / PROVENANCE_FILE)
 
 
 def write_provenance(dst: Path, verb: str, args: dict[str, Any], source: Path | None) -> None:

@@ -51,6 +51,18 @@ def check_remote_code(path: str | os.PathLike, what: str, classes: str | None, t
                          "with --trust-remote-code (trust_remote_code: true in a recipe): read that code first")
 
 
+def json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in file `path`; {} when there is none (whoever reads the file for its content reports a
+    missing or unreadable one)."""
+    import json
+
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
 def known_model_type(model_type: Any) -> bool:
     """Whether transformers has a config class of its own (or longctx's gated family) for `model_type`."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -64,19 +76,12 @@ def model_config(path: str | os.PathLike, config: dict[str, Any] | None = None, 
     """The transformers config object of checkpoint `path` (of the config.json dict `config` when given), or
     InputError with transformers' reason in one line; code the checkpoint ships runs only with
     `trust_remote_code`."""
-    import json
-
     from transformers import AutoConfig
 
     import longctx.models.gated_qwen3  # noqa: F401  (registers the gated family with the Auto classes)
 
     source = Path(path) / "config.json"
-    raw = config
-    if raw is None:
-        try:
-            raw = json.loads(source.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            raw = {}  # transformers says what is wrong with the file
+    raw = json_object(source) if config is None else config  # {}: transformers says what is wrong with the file
     if isinstance(raw, dict):
         classes = remote_code(raw.get("auto_map"), known_model_type(raw.get("model_type")))
         check_remote_code(path, "config", classes, trust_remote_code)

@@ -28,12 +28,12 @@ def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False) -> 
     from transformers import AutoTokenizer
     from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
 
-    from longctx.checkpoint.load import check_remote_code, remote_code
+    from longctx.checkpoint.load import check_remote_code, json_object, remote_code
 
     from ruler_tasks.prepare import check_tokenizer
 
     require_tokenizer_files(path)
-    settings = _json_object(Path(path) / "tokenizer_config.json")
+    settings = json_object(Path(path) / "tokenizer_config.json")
     name = settings.get("tokenizer_class")
     known = isinstance(name, str) and tokenizer_class_from_name(name) is not None
     check_remote_code(path, "tokenizer", remote_code(settings.get("auto_map"), known), trust_remote_code)
@@ -49,20 +49,9 @@ def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False) -> 
         raise InputError(f"cannot load the tokenizer in '{path}' ({reason}); the checkpoint needs its "
                          "tokenizer files") from None
     check_tokenizer(tokenizer, path)
-    check_tokenizer_fits(tokenizer, _json_object(Path(path) / "config.json"), path)
+    check_tokenizer_fits(tokenizer, json_object(Path(path) / "config.json"), path)
     return tokenizer
 
-
-def _json_object(path: Path) -> dict[str, Any]:
-    """The JSON object in `path`; {} when there is none (a missing or unreadable file is reported by whoever
-    reads it for its content)."""
-    import json
-
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
 
 
 def embedding_rows(cfg: dict[str, Any]) -> int | None:

@@ -83,9 +83,10 @@ class Settings:
     def check(self) -> None:
         """Checks across settings (values only, no files); raise `self.error(...)`."""
 
-    def check_inputs(self) -> None:
+    def check_inputs(self, offline_data: bool = True) -> None:
         """Checks of what the settings point to (files and folders that must exist); the verb calls it before
-        it writes anything, a recipe when it is loaded."""
+        it writes anything, a recipe when it is loaded. `offline_data`: also refuse `hf:` data that is not in
+        the local cache while offline (a recipe's --dry-run lists such data instead)."""
 
     def error(self, text: str, cli_text: str | None = None) -> SettingError:
         return SettingError(text, type(self), cli_text)

@@ -154,6 +154,19 @@ def _in_datasets_cache(name: str) -> bool:
     return any((root / "___".join([*org, n])).is_dir() for n in {last, snake})
 
 
+def uncached_dataset(spec: str) -> str | None:
+    """The `hf download` command that fetches the dataset of an hf:<dataset id> spec when neither the datasets
+    cache nor the Hub cache holds it; None for any other spec and for a cached or local dataset."""
+    kind, arg = _parse_spec(spec)
+    if kind != "hf" or Path(arg[0]).expanduser().exists() or _in_datasets_cache(arg[0]) or _hub_snapshot(arg[0]):
+        return None
+    return _download_command(arg[0])
+
+
+def _download_command(name: str) -> str:
+    return f"hf download --repo-type dataset {name}"
+
+
 def _offline_source(name: str) -> Path | None:
     """Offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE): a hub snapshot to load `name` from, None for the
     datasets cache, or InputError at once (no network attempt, no retries) when neither holds it."""
@@ -163,8 +176,7 @@ def _offline_source(name: str) -> Path | None:
     snapshot = _hub_snapshot(name)
     if snapshot is None:
         raise InputError(f"hf:{name} is not in the local Hugging Face cache and {var}={os.environ[var]}; run once "
-                         "online, or: "
-                         f"hf download --repo-type dataset {name}")
+                         f"online, or: {_download_command(name)}")
     return snapshot
 
 
@@ -212,8 +224,9 @@ def iter_documents(spec: str, seed: int = 0, *, length_tokens: int | None = None
     return (text for text in _raw_documents(spec, seed, length_tokens) if text and not text.isspace())
 
 
-def check_data_specs(specs: Sequence[str]) -> None:
-    """InputError (one line) for a spec of unknown form, a path that does not exist or holds no text."""
+def check_data_specs(specs: Sequence[str], offline: bool = True) -> None:
+    """InputError (one line) for a spec of unknown form, a path that does not exist or holds no text, and (with
+    `offline`) an hf: dataset that is not cached while offline."""
     for spec in specs:
         kind, arg = _parse_spec(spec)
         if kind == "synthetic":
@@ -228,7 +241,7 @@ def check_data_specs(specs: Sequence[str]) -> None:
             if not Path(name).expanduser().exists():
                 if name.startswith((".", "/", "~")):
                     raise InputError(f"dataset path '{name}' in '{spec}' does not exist")
-                if _offline_variable():
+                if offline and _offline_variable():
                     _offline_source(name)  # offline and not cached: refused now, before anything runs
                 continue  # a hub id: only loading it can tell
             if not _is_saved_dataset(Path(name).expanduser()):

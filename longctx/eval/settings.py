@@ -87,7 +87,7 @@ class RulerRunSettings(RulerTaskSettings):
         if self.backend == "openai" and not self.base_url:
             raise self.error(f"{ref('backend')} openai needs {ref('base_url')} (e.g. http://127.0.0.1:8000/v1)")
 
-    def check_inputs(self) -> None:
+    def check_inputs(self, offline_data: bool = True) -> None:
         from longctx.checkpoint.load import check_device
 
         # What the machine has, like a file: checked when a recipe loads, not when its ruler stage starts.

@@ -67,11 +67,11 @@ class ExtendSettings(Settings):
             raise self.error(f"{ref('short_fraction')} {self.short_fraction} needs {ref('short_data')} SPEC (the "
                              "short documents to mix in)")
 
-    def check_inputs(self) -> None:
+    def check_inputs(self, offline_data: bool = True) -> None:
         from longctx.data.sources import check_data_specs
 
         for name in ("data", "short_data"):
             try:
-                check_data_specs(getattr(self, name))
+                check_data_specs(getattr(self, name), offline_data)
             except InputError as e:
                 raise self.error(f"{ref(name)}: {e}") from None

@@ -25,8 +25,9 @@ class InitResult:
     vocab_size: int
 
 
-def _write_tokenizer(s: InitSettings, out: Path):
-    """Write the tokenizer `s.tokenizer` asks for into `out`; return it loaded."""
+def _write_tokenizer(s: InitSettings, source: Path | None, out: Path):
+    """Write the tokenizer `s.tokenizer` asks for (from the folder `source` when it names one) into `out`;
+    return it loaded."""
     from longctx.checkpoint.directory import copy_side_files, is_tokenizer_file
     from longctx.checkpoint.tokenizer import load_tokenizer, write_reference_tokenizer
     from longctx.init.bpe import train_bpe_tokenizer
@@ -39,7 +40,7 @@ def _write_tokenizer(s: InitSettings, out: Path):
         # (checkpoints/README.md has what coarser digit tokens did to the tiny models).
         train_bpe_tokenizer(out, s.vocab_size, corpus, digit_group=1)
     else:
-        copy_side_files(Path(s.tokenizer), out, keep=is_tokenizer_file)
+        copy_side_files(source, out, keep=is_tokenizer_file)
     return load_tokenizer(out)
 
 
@@ -65,6 +66,8 @@ def init_checkpoint(s: InitSettings) -> InitResult:
     from transformers import GenerationConfig
 
     from longctx.checkpoint.directory import write_provenance
+    from longctx.checkpoint.hub import hub_origin, resolve_checkpoint
+    from longctx.checkpoint.tokenizer import require_tokenizer_files
     from longctx.checkpoint.rope import check_written_rope, read_rope
     from longctx.core.files import CHECKPOINT_KIND, atomic_dir, check_output
     from longctx.init.presets import PRESET_DTYPES, PRESETS, model_config, parameter_count
@@ -73,15 +76,18 @@ def init_checkpoint(s: InitSettings) -> InitResult:
     s.check_inputs()
     out = Path(s.output)
     dtype = s.dtype or PRESET_DTYPES[s.preset]
-    tokenizer = [] if s.tokenizer in TOKENIZER_CHOICES else [("tokenizer", Path(s.tokenizer))]
-    check_output(out, CHECKPOINT_KIND, inputs=tokenizer, overwrite=s.overwrite)
+    # a folder, or a Hub id's snapshot (fetched now; offline and not cached: one line)
+    source = None if s.tokenizer in TOKENIZER_CHOICES else resolve_checkpoint(s.tokenizer)
+    if source is not None:
+        require_tokenizer_files(source)  # a local folder was checked with the settings; a snapshot now
+    check_output(out, CHECKPOINT_KIND, inputs=[("tokenizer", source)] if source else [], overwrite=s.overwrite)
     overrides = dict(s.config)
     if s.tie_embeddings is not None:
         overrides["tie_word_embeddings"] = s.tie_embeddings
     if s.config:
         _check_config(s, overrides)
     with atomic_dir(out, CHECKPOINT_KIND) as tmp:
-        tok = _write_tokenizer(s, tmp)
+        tok = _write_tokenizer(s, source, tmp)
         ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
         config = model_config(s.preset, s.attention, len(tok), s.match_params, **{**ids, **overrides})
         baseline_params = parameter_count(model_config(s.preset, "baseline", len(tok), **{**ids, **overrides}))
@@ -97,7 +103,8 @@ def init_checkpoint(s: InitSettings) -> InitResult:
         GenerationConfig(**ids).save_pretrained(tmp)
         # the RoPE asked for (preset, then --config), as transformers reads the written config back
         check_written_rope(tmp, read_rope({"model_type": config.model_type, **PRESETS[s.preset], **overrides}))
-        args = {"preset": s.preset, "attention": s.attention, "tokenizer": s.tokenizer, "match_params": s.match_params,
+        args = {"preset": s.preset, "attention": s.attention, "tokenizer": s.tokenizer,
+                "tokenizer_hub": hub_origin(source) if source else None, "match_params": s.match_params,
                 "seed": s.seed, "dtype": dtype, **({"bpe_vocab_size": s.vocab_size} if s.tokenizer == "bpe" else {}),
                 **overrides}
         write_provenance(tmp, "init", args, None)

@@ -8,7 +8,8 @@ from typing import Any
 
 from longctx.checkpoint.directory import is_tokenizer_file
 from longctx.core.errors import ref
-from longctx.core.kinds import Bool, Choice, Int, LocalPath, Overrides, Text
+from longctx.checkpoint.hub import parse_hub_id
+from longctx.core.kinds import Bool, CheckpointPath, Choice, Int, LocalPath, Overrides
 from longctx.core.settings import REQUIRED, Settings, setting
 from longctx.init.presets import PRESETS
 from longctx.models.variants import VARIANTS
@@ -17,14 +18,14 @@ TOKENIZER_CHOICES = ("reference", "bpe")  # or a local tokenizer directory
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-class TokenizerSpec(Text):
-    """reference, bpe, or a directory holding tokenizer files."""
+class TokenizerSpec(CheckpointPath):
+    """reference, bpe, a directory holding tokenizer files, or the Hub id of a repo that holds them."""
 
     metavar = "TOKENIZER"
-    words = "reference, bpe or a tokenizer directory"
+    words = "reference, bpe, a tokenizer directory or Hub id"
 
     def resolve(self, value, base):
-        return value if value in TOKENIZER_CHOICES else LocalPath().resolve(value, base)
+        return value if value in TOKENIZER_CHOICES else super().resolve(value, base)
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,8 @@ class InitSettings(Settings):
                              "baseline (plain Qwen3), elementwise or headwise (the paper's G1 output gate).")
     tokenizer: str = setting("reference", TokenizerSpec(),
                              "reference (Mistral v1 32k SentencePiece from mistral_common), bpe (train a small "
-                             "byte-level BPE now, one token per digit), or a local tokenizer directory.")
+                             "byte-level BPE now, one token per digit), a local tokenizer directory, or a Hub id "
+                             "(org/name[/subfolder][@revision]).")
     vocab_size: int = setting(4096, Int(minimum=260), "Vocabulary of the BPE trained by --tokenizer bpe.")
     bpe_corpus: str | None = setting(None, LocalPath(), "Text file to train --tokenizer bpe on [default: built-in "
                                                        "word-list corpus].")
@@ -56,8 +58,10 @@ class InitSettings(Settings):
             raise self.error(f"{ref('match_params')} shrinks a gated model to the baseline's size; it has no meaning "
                              f"for {ref('attention')} baseline")
 
-    def check_inputs(self) -> None:
-        if self.tokenizer not in TOKENIZER_CHOICES:
+    def check_inputs(self, offline_data: bool = True) -> None:
+        # a Hub id (no local folder of that name) is fetched when the tokenizer is written
+        if self.tokenizer not in TOKENIZER_CHOICES and (Path(self.tokenizer).is_dir()
+                                                        or parse_hub_id(self.tokenizer) is None):
             if not Path(self.tokenizer).is_dir():
                 raise self.error(f"{ref('tokenizer')} '{self.tokenizer}' is neither {' nor '.join(TOKENIZER_CHOICES)} "
                                  "nor an existing tokenizer directory")

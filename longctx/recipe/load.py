@@ -88,7 +88,7 @@ def _anchor(cls: type[Settings], raw: Any, base: Path) -> Any:
     return out
 
 
-def parse_section(cls: type[Settings], raw: Any, file: str, where: str) -> Settings:
+def parse_section(cls: type[Settings], raw: Any, file: str, where: str, offline_data: bool = True) -> Settings:
     """The settings of one recipe section, or InputError naming the file and key path."""
     if raw is None:
         raw = {}
@@ -110,7 +110,7 @@ def parse_section(cls: type[Settings], raw: Any, file: str, where: str) -> Setti
             values[name] = value
     try:
         section = cls(**{k: v for k, v in values.items() if v is not None})
-        section.check_inputs()
+        section.check_inputs(offline_data)
     except SettingError as e:
         raise InputError(f"{file}: {e.render(lambda n: f'{where}.{cls.key(n)}')}") from None
     return section
@@ -183,7 +183,7 @@ def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
 # --- models ---------------------------------------------------------------------------------------------
 
 
-def _model(file: str, name: Any, raw: Any) -> Model:
+def _model(file: str, name: Any, raw: Any, offline_data: bool) -> Model:
     where = f"models.{name}"
     if not isinstance(name, str) or not _NAME.fullmatch(name) or name == "compare":
         raise _fail(file, "models", f"has a bad model name {name!r} (letters, digits, '_', '.', '-'; not 'compare')")
@@ -203,7 +203,7 @@ def _model(file: str, name: Any, raw: Any) -> Model:
             raise _fail(file, f"{where}.checkpoint", f"'{path}' {what}: model path missing (give a local "
                                                      "transformers checkpoint directory)")
         return Model(name, source, None, path)
-    settings = parse_section(MODEL_SECTIONS[source], value, file, f"{where}.{source}")
+    settings = parse_section(MODEL_SECTIONS[source], value, file, f"{where}.{source}", offline_data)
     if source == "convert" and not Path(settings.source).is_dir() and parse_hub_id(settings.source) is None:
         raise _fail(file, f"{where}.convert.source", f"'{settings.source}' does not exist: model path missing "
                                                      "(the released checkpoint's local folder)")
@@ -243,8 +243,9 @@ def reachable_length(recipe: Recipe, model: Model) -> int | None:
     return int(trained * yarn.factor) if yarn else trained
 
 
-def load_recipe(path: str | os.PathLike) -> Recipe:
-    """Read and validate a recipe; InputError (one line, naming the file and key) for anything wrong."""
+def load_recipe(path: str | os.PathLike, offline_data: bool = True) -> Recipe:
+    """Read and validate a recipe; InputError (one line, naming the file and key) for anything wrong.
+    `offline_data` false: `hf:` data not cached while offline is left for the caller to report (--dry-run)."""
     path = Path(path)
     raw = read_yaml(path)
     file = str(path)
@@ -257,13 +258,13 @@ def load_recipe(path: str | os.PathLike) -> Recipe:
     if not isinstance(models_raw, dict) or not models_raw:
         raise _fail(file, "models", "must map model names to init/convert/checkpoint, e.g. "
                                     "{baseline: {init: {preset: tiny, attention: baseline}}}")
-    models = [_model(file, name, spec) for name, spec in models_raw.items()]
+    models = [_model(file, name, spec, offline_data) for name, spec in models_raw.items()]
     names = [m.name for m in models]
     # compare first: a misnamed baseline is the first thing to say; the stages keep their order
     order = ["compare", *(n for n in STAGE_SECTIONS if n != "compare")]
     parsed = {}
     for name in (n for n in order if n in raw):
-        parsed[name] = parse_section(STAGE_SECTIONS[name], raw[name], file, name)
+        parsed[name] = parse_section(STAGE_SECTIONS[name], raw[name], file, name, offline_data)
         b = parsed[name].baseline if name == "compare" else None
         if b is not None and b not in names:
             raise _fail(file, "compare.baseline", f"'{b}' is not a model of this recipe ({', '.join(names)})"

@@ -135,6 +135,16 @@ def recipe_inputs(recipe: Recipe) -> list[tuple[str, Path]]:
     return found
 
 
+def recipe_data(recipe: Recipe) -> list[tuple[str, str]]:
+    """(recipe key, spec) of the data a recipe's stages read: training data, sinks text, RULER sources."""
+    found = []
+    for stage, section in recipe.stages.items():
+        for key in ("data", "short_data", "essay", "squad", "hotpotqa"):
+            value = getattr(section, key, None)
+            found += [(f"{stage}.{key}", spec) for spec in (value if isinstance(value, list) else [value]) if spec]
+    return found
+
+
 def _check_inputs_outside(recipe: Recipe, out: Path) -> None:
     """A stage that runs again first removes its folder: an input inside the run's output would go with it."""
     root = out.resolve()

@@ -31,8 +31,9 @@ from longctx.core.files import make_output, write_json
 from longctx.core.hashing import hash_json
 from longctx.core.kinds import Bool, Choice, LocalPath, did_you_mean
 from longctx.core.settings import REQUIRED, Settings, setting
+from longctx.data.sources import uncached_dataset
 from longctx.recipe.load import Recipe, load_recipe
-from longctx.recipe.plan import Step, launch_command, machine_rank, plan, recipe_inputs
+from longctx.recipe.plan import Step, launch_command, machine_rank, plan, recipe_data, recipe_inputs
 from longctx.recipe.sections import MODEL_SECTIONS, MODEL_STAGES, STAGE_SECTIONS
 from longctx.report.compare import COMPARISON_KIND
 
@@ -67,7 +68,8 @@ def _local_input(path: Path) -> Path | None:
     the stage that reads it downloads it)."""
     if parse_hub_id(str(path)) is None:
         return path if path.exists() else None
-    config = cached_file(str(path), "config.json")
+    # a checkpoint has a config.json; a repo that only holds a tokenizer (init.tokenizer), its tokenizer config
+    config = cached_file(str(path), "config.json") or cached_file(str(path), "tokenizer_config.json")
     return config.parent if config is not None else None
 
 
@@ -267,6 +269,11 @@ def _dry_run(recipe: Recipe, steps: list[Step], from_stage: str | None, log: Cal
         if hub is not None and _local_input(path) is None:
             log(f"input  {key}: {path} is not in the local Hugging Face cache; its stage downloads it, or "
                 f"fetch it first: {download_command(*hub)}")
+    for key, spec in recipe_data(recipe):
+        command = uncached_dataset(spec)
+        if command is not None:
+            log(f"input  {key}: {spec} is not in the local Hugging Face cache; its stage downloads it, or "
+                f"fetch it first: {command}")
     ran: set[str | None] = set()
     for s in steps:
         _decide(s, _forced(s, from_stage, ran))
@@ -323,7 +330,7 @@ def _run_steps(recipe: Recipe, steps: list[Step], from_stage: str | None, log: C
 def run_recipe(path: str | os.PathLike, out_dir: str | os.PathLike | None = None, from_stage: str | None = None,
                dry_run: bool = False, log: Callable[[str], None] = print) -> RecipeResult:
     """Run (or with dry_run, only plan) a recipe into `out_dir` [default: runs/<recipe name>]."""
-    recipe = load_recipe(path)
+    recipe = load_recipe(path, offline_data=not dry_run)
     out = Path(out_dir) if out_dir is not None else Path("runs") / Path(path).stem
     steps = plan(recipe, out)
     _check_from(recipe, steps, from_stage)

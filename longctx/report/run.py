@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from longctx.checkpoint.describe import sliding_note
 from longctx.core.errors import InputError
 from longctx.core.files import write_atomic, write_json
 from longctx.report.plots import plot_results
@@ -31,6 +32,9 @@ def write_report(run_dir: str | os.PathLike, plot: bool = True) -> Report:
     rep = Report(results)
     write_json(run / RESULTS_FILE, to_json(results))
     rep.markdown = summary_markdown([results]) + "\n\n" + task_markdown(results)
+    window = sliding_note(results["model"]["name"], results["model"].get("sliding_window"), results["lengths"])
+    if window:
+        rep.markdown += f"\n\nNote: {window}."
     write_atomic(run / "results.md", rep.markdown + "\n")
     write_atomic(run / "results.csv", task_csv(results))
     rep.files += [run / RESULTS_FILE, run / "results.md", run / "results.csv"]

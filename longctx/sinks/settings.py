@@ -42,7 +42,7 @@ class SinksSettings(Settings):
             raise self.error(f"{ref('length')} {self.length} is too short: first-token attention needs at least 2 "
                              "tokens")
 
-    def check_inputs(self) -> None:
+    def check_inputs(self, offline_data: bool = True) -> None:
         from longctx.checkpoint.load import check_device
         from longctx.data.sources import check_data_specs
 
@@ -53,6 +53,6 @@ class SinksSettings(Settings):
             raise self.error(str(e)) from None
         if self.data is not None:
             try:
-                check_data_specs([self.data])
+                check_data_specs([self.data], offline_data)
             except InputError as e:
                 raise self.error(f"{ref('data')}: {e}") from None
