@@ -53,7 +53,6 @@ def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False) -> 
     return tokenizer
 
 
-
 def embedding_rows(cfg: dict[str, Any]) -> int | None:
     """vocab_size of a config.json dict (a multimodal model's text_config's), None when it has none."""
     rows = cfg.get("vocab_size")

@@ -67,8 +67,8 @@ def init_checkpoint(s: InitSettings) -> InitResult:
 
     from longctx.checkpoint.directory import write_provenance
     from longctx.checkpoint.hub import hub_origin, resolve_checkpoint
-    from longctx.checkpoint.tokenizer import require_tokenizer_files
     from longctx.checkpoint.rope import check_written_rope, read_rope
+    from longctx.checkpoint.tokenizer import require_tokenizer_files
     from longctx.core.files import CHECKPOINT_KIND, atomic_dir, check_output
     from longctx.init.presets import PRESET_DTYPES, PRESETS, model_config, parameter_count
     from longctx.models.gated_qwen3 import causal_lm_class
