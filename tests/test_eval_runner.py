@@ -111,15 +111,51 @@ def test_hf_run_resumes_without_loss_or_duplicates(ruler_checkpoint, tmp_path):
     again = run_ruler(ruler_checkpoint, [2048], out, tasks=TASKS, samples=3, backend="hf", progress=False)
     assert (again.reused_predictions, again.new_predictions) == (6, 0)
     # bound to the checkpoint, task settings and backend
-    with pytest.raises(InputError, match="different --seed"):
+    with pytest.raises(InputError, match="other settings: --seed 42 -> 1; use the same settings"):
         run_ruler(ruler_checkpoint, [2048], out, tasks=TASKS, samples=3, seed=1, backend="hf", progress=False)
-    with pytest.raises(InputError, match="different --samples"):
+    with pytest.raises(InputError, match="other settings: --samples 3 -> 2;"):
         run_ruler(ruler_checkpoint, [2048], out, tasks=TASKS, samples=2, backend="hf", progress=False)
-    with pytest.raises(InputError, match="different --backend"):
+    with pytest.raises(InputError, match='--backend "hf" -> "vllm"; --device "cpu" -> null; --tensor-parallel-size'):
         run_ruler(ruler_checkpoint, [2048], out, tasks=TASKS, samples=3, backend="vllm", progress=False)
+    # every option that can change a prediction, named with both values
+    with pytest.raises(InputError, match='other settings: --dtype "auto" -> "float32"; use the same settings'):
+        run_ruler(ruler_checkpoint, [2048], out, tasks=TASKS, samples=3, backend="hf", dtype="float32",
+                  progress=False)
+    with pytest.raises(InputError, match='other settings: --seed 42 -> 1; --dtype "auto" -> "float32"; use'):
+        run_ruler(ruler_checkpoint, [2048], out, tasks=TASKS, samples=3, seed=1, backend="hf", dtype="float32",
+                  progress=False)
     # a new length in the same directory is fine (same task settings): it is added
     rep = write_report(out)
     assert load_results(out)["lengths"] == [2048] and rep.results["samples"]["vt"][2048] == 3
+
+
+def test_one_writer_per_run_directory_and_a_killed_one_never_blocks(ruler_checkpoint, tmp_path):
+    """A second `longctx ruler` into a run directory another one is writing is refused, naming the holder's
+    pid; once that process is killed (kill -9: no cleanup), the same command continues its predictions."""
+    import signal
+
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "longctx", "ruler", str(ruler_checkpoint), "--lengths", "2k", "--tasks", "vt",
+            "--samples", "40", "--backend", "hf", "-o", str(out), "--no-plot"]
+    first = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=user_environment())
+    try:
+        pred = out / "pred" / "2048" / "vt.jsonl"
+        deadline = time.time() + 300
+        while not (pred.is_file() and pred.read_text().count("\n") >= 1) and time.time() < deadline:
+            assert first.poll() is None, "the first run ended before it made a prediction"
+            time.sleep(0.2)
+        with pytest.raises(InputError, match=rf"run directory '{out}' is in use by process {first.pid} on "):
+            run_ruler(ruler_checkpoint, [2048], out, tasks="vt", samples=40, backend="hf", progress=False)
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    made = pred.read_text().count("\n")
+    assert 1 <= made < 40
+    r = run_ruler(ruler_checkpoint, [2048], out, tasks="vt", samples=40, backend="hf", progress=False)
+    assert (r.reused_predictions, r.new_predictions) == (made, 40 - made)
+    assert len(lines(pred)) == 40 and (out / ".longctx-lock").is_file()
 
 
 def test_cli_run_default_command_and_bad_inputs(ruler_checkpoint, tmp_path, reference_tokenizer_dir):

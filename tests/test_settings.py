@@ -61,10 +61,13 @@ SAMPLES = {
                            hotpotqa="hf:org/hotpotqa", output="out")],
     RulerRunSettings: [dict(checkpoint="ckpt", lengths=[4096], tasks=["vt"], samples=3, seed=1, template="chat",
                             data_dir="data", essay="e.json", squad="s.json", hotpotqa="h.json", output="out",
-                            backend="openai", dtype="bfloat16", tensor_parallel_size=2, data_parallel_size=2,
+                            backend="vllm", dtype="bfloat16", tensor_parallel_size=2, data_parallel_size=2,
                             gpu_memory_utilization=0.5, kv_cache_memory=8 * 10**9, enforce_eager=True,
-                            base_url="http://127.0.0.1:8000/v1", model="served", concurrency=2, device="cpu",
-                            plot=False, trust_remote_code=True)],
+                            plot=False, trust_remote_code=True),
+                       dict(checkpoint="ckpt", lengths=[4096], output="out", backend="openai",
+                            base_url="http://127.0.0.1:8000/v1", model="served", concurrency=2),
+                       dict(checkpoint="ckpt", lengths=[4096], output="out", backend="hf", dtype="float32",
+                            device="cpu")],
 }
 
 

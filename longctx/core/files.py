@@ -289,3 +289,36 @@ def make_output(folder: Path, kind: str) -> Path:
     if output_kind(folder) is None:
         mark_output(folder, kind)
     return folder
+
+
+# --- one writer per folder ------------------------------------------------------------------------
+
+LOCK_FILE = ".longctx-lock"
+
+
+class FolderLock:
+    """An exclusive lock on a folder for as long as this object holds it (`release()`): `flock` on
+    FOLDER/.longctx-lock, which names the holder (pid and host). The kernel drops the lock when its process
+    ends, so a lock left by a killed process never blocks the next run; the file itself stays (removing it
+    would let two processes lock two different files)."""
+
+    def __init__(self, folder: Path, what: str):
+        import fcntl
+
+        self.path = folder / LOCK_FILE
+        self.fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self.fd, 200, 0).decode(errors="replace").split()
+            self.release()
+            who = f"process {holder[0]} on {holder[1]}" if len(holder) >= 2 else "another process"
+            raise InputError(f"{what} '{folder}' is in use by {who} (lock {self.path}); wait for it to finish, "
+                             "or choose another -o") from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the last descriptor releases the flock
+            self.fd = None

@@ -152,6 +152,11 @@ class VllmBackend:
     def settings(self) -> dict[str, Any]:
         return {"name": self.name, "max_model_len": self.max_model_len, **self.kwargs}
 
+    def binding(self) -> dict[str, Any]:
+        """The options that can change a prediction (a run directory is bound to them)."""
+        return {"dtype": self.kwargs["dtype"], "tensor_parallel_size": self.kwargs["tensor_parallel_size"],
+                "data_parallel_size": self.kwargs.get("data_parallel_size", 1)}
+
     def check(self) -> None:
         """Refuse, before an engine starts, a config transformers cannot build (vLLM parses config.json with
         AutoConfig too, and says so in ~200 lines)."""
@@ -273,6 +278,12 @@ class HfBackend:
         return {"name": self.name, "max_model_len": self.max_model_len, "dtype": self.dtype,
                 **({"trust_remote_code": True} if self.trust_remote_code else {})}
 
+    def binding(self) -> dict[str, Any]:
+        """The options that can change a prediction: the dtype and the device it runs on."""
+        import torch
+
+        return {"dtype": self.dtype, "device": self.device or ("cuda" if torch.cuda.is_available() else "cpu")}
+
     def close(self) -> None:
         self.model = self.tok = None  # the weights are freed with the last reference
 
@@ -343,6 +354,10 @@ class OpenAIBackend:
 
     def settings(self) -> dict[str, Any]:
         return {"name": self.name, "base_url": self.base_url, "model": self.model, "concurrency": self.concurrency}
+
+    def binding(self) -> dict[str, Any]:
+        """The options that can change a prediction: the server and the model it serves (after `check()`)."""
+        return {"base_url": self.base_url, "served_model": self.model}
 
     def close(self) -> None:
         """Nothing to release: every request opens its own connection."""

@@ -1,7 +1,8 @@
 """What a RULER run directory is bound to (`run.json`): a rerun into it continues the same evaluation or
 is refused, never mixed in.
 
-    run.json  {"format", "binding": {fingerprint, tokenizer, seed, samples, template, backend, sampling},
+    run.json  {"format", "binding": {fingerprint, tokenizer, seed, samples, template, backend, sampling,
+                                      engine (the backend options that can change a prediction)},
                "files": {"<length>/<task>.jsonl": sha256 of the task file predictions were made from},
                "model", "backend"}
 
@@ -21,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from longctx.core.errors import InputError
-from longctx.core.files import RULER_RUN_KIND, link_or_copy, make_temp_dir, mark_output, output_kind, write_json
+from longctx.core.files import (RULER_RUN_KIND, FolderLock, link_or_copy, make_temp_dir, mark_output, output_kind,
+                                write_json)
 
 RUN_FILE = "run.json"
 RUN_FORMAT = "longctx-ruler-run/1"
@@ -30,7 +32,34 @@ STAGE_TAG = "stage"
 # Upstream: temperature 0 (greedy), top_p 1, max_tokens = the task's tokens_to_generate, no stop words.
 SAMPLING = {"temperature": 0.0, "top_p": 1.0, "max_tokens": "tokens_to_generate of each task", "stop": []}
 _LABELS = {"fingerprint": "checkpoint", "tokenizer": "tokenizer", "seed": "--seed", "samples": "--samples",
-           "template": "--template", "backend": "--backend", "sampling": "sampling settings"}
+           "template": "--template", "backend": "--backend", "sampling": "sampling settings",
+           "engine": "engine options"}
+# The backend options that can change a prediction (each backend's `binding()`), as the messages name them.
+_ENGINE_LABELS = {"dtype": "--dtype", "tensor_parallel_size": "--tensor-parallel-size",
+                  "data_parallel_size": "--data-parallel-size", "device": "--device", "base_url": "--base-url",
+                  "served_model": "--served-model"}
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """'--seed 42 -> 1', '--dtype "bfloat16" -> "float32"', ...: every binding value a rerun would change (the
+    engine options one by one; a run.json from before they were bound says so)."""
+    diffs = []
+    for key, label in _LABELS.items():
+        if key == "engine" and key not in old:
+            diffs.append("engine options (not recorded in this run directory) -> " + _shown(new[key]))
+        elif key == "engine":
+            was = old[key] if isinstance(old[key], dict) else {}
+            for k in dict.fromkeys([*was, *new[key]]):
+                if was.get(k) != new[key].get(k):
+                    diffs.append(f"{_ENGINE_LABELS.get(k, k)} {_shown(was.get(k))} -> {_shown(new[key].get(k))}")
+        elif old.get(key) != new[key]:
+            diffs.append(f"{label} {_shown(old.get(key))} -> {_shown(new[key])}")
+    return diffs
 
 
 def check_run_dir(out: Path, binding: dict[str, Any]) -> dict[str, Any]:
@@ -48,14 +77,14 @@ def check_run_dir(out: Path, binding: dict[str, Any]) -> dict[str, Any]:
             raise InputError(f"{path} is not a longctx ruler run file; use another -o")
         old = run.get("binding")
         old = old if isinstance(old, dict) else {}
-        for key, label in _LABELS.items():
-            if old.get(key) != binding[key]:
-                if key == "fingerprint":
-                    raise InputError(f"run directory '{out}' was made for another checkpoint (fingerprint "
-                                     f"{str(old.get(key))[:12]}…, this one {binding[key][:12]}…); use another -o")
-                a, b = json.dumps(old.get(key)), json.dumps(binding[key])
-                raise InputError(f"run directory '{out}' was made with a different {label} ({a[:60]}, now {b[:60]}); "
-                                 "use another -o or the same settings")
+        if old.get("fingerprint") != binding["fingerprint"]:
+            raise InputError(f"run directory '{out}' was made for another checkpoint (fingerprint "
+                             f"{str(old.get('fingerprint'))[:12]}…, this one {binding['fingerprint'][:12]}…); "
+                             "use another -o")
+        diffs = _differences(old, binding)
+        if diffs:
+            raise InputError(f"run directory '{out}' was made with other settings: {'; '.join(diffs)}; use the "
+                             "same settings to continue it, or another -o")
         run.setdefault("files", {})
         return run
     if out.exists() and any(not p.name.startswith(f".{TASKS_DIR}.{STAGE_TAG}-") for p in out.iterdir()):
@@ -100,11 +129,17 @@ class StagedRun:
         # a new run directory is staged in the nearest folder that exists: a refusal leaves no parents behind
         where = next(p for p in out.absolute().parents if p.is_dir()) if self.fresh else out
         name = out.name if self.fresh else TASKS_DIR
+        # One writer per run directory, from here to the end of the run (`lock`, released by its owner): an
+        # existing one is locked itself; a new one is locked in its staging folder, which becomes it.
+        self.lock = FolderLock(out, "run directory") if not self.fresh else None
         try:
             self.root: Path | None = make_temp_dir(where, name, STAGE_TAG)
         except OSError as e:
+            self.release()
             raise InputError(f"cannot write in '{where}' ({e.strerror or e.__class__.__name__}); "
                              "choose another -o") from None
+        if self.fresh:
+            self.lock = FolderLock(self.root, "run directory")
         self.tasks = self.root / TASKS_DIR
         if not self.fresh and (out / TASKS_DIR).is_dir():
             _link_tree(out / TASKS_DIR, self.tasks)
@@ -138,12 +173,21 @@ class StagedRun:
             shutil.rmtree(self.root, ignore_errors=True)
             self.root = None
 
+    def release(self) -> None:
+        """Let another process write into the run directory."""
+        if self.lock is not None:
+            self.lock.release()
+
 
 @contextlib.contextmanager
 def staged_run(out: Path) -> Iterator[StagedRun]:
-    """A `StagedRun` for `out` that vanishes unless committed in the block."""
+    """A `StagedRun` for `out` that vanishes unless committed in the block; its lock on the run directory is
+    held after the block until `release()`, and released at once if the block fails."""
     stage = StagedRun(out)
     try:
         yield stage
+    except BaseException:
+        stage.release()
+        raise
     finally:
         stage.discard()

@@ -163,7 +163,8 @@ def run_ruler(s: RulerRunSettings, *, engine=None, progress: bool = True, log: C
         max_model_len = lengths[-1] + n_special if ctx is None else min(ctx, lengths[-1] + n_special)
         bk = bk or make_backend(s, str(ckpt), max_model_len, engine)
         binding = {"fingerprint": fp, "tokenizer": tokenizer_fingerprint(tok), "seed": s.seed,
-                   "samples": s.samples, "template": s.template, "backend": s.backend, "sampling": SAMPLING}
+                   "samples": s.samples, "template": s.template, "backend": s.backend, "sampling": SAMPLING,
+                   "engine": bk.binding()}
         run = check_run_dir(out, binding)
         t0 = time.perf_counter()
         with staged_run(out) as stage:
@@ -181,32 +182,36 @@ def run_ruler(s: RulerRunSettings, *, engine=None, progress: bool = True, log: C
             bk.close()
         raise
 
-    done = {(L, t.name): {i for i in read_predictions(out / "pred" / str(L) / f"{t.name}.jsonl")
-                          if i < files[f"{L}/{t.name}.jsonl"]["samples"]} for L in lengths for t in specs}
-    reused = sum(len(v) for v in done.values())
-    total = sum(entry["samples"] for entry in files.values())
-    say(f"lengths: {', '.join(map(str, lengths))}")
-    note = sliding_note(run["model"]["name"], run["model"].get("sliding_window"), lengths)
-    if note:
-        say(f"note: {note}")
-    say(f"max_model_len {max_model_len}; {total} samples, {reused} already predicted, {total - reused} to go "
-        f"({s.backend})")
-    t0 = time.perf_counter()
-    count = _predict(bk, out, lengths, specs, done, total - reused, progress, on_prediction)
-    t_gen = time.perf_counter() - t0
+    try:  # the run directory is this process's until the scores are written (`stage.lock`)
+        done = {(L, t.name): {i for i in read_predictions(out / "pred" / str(L) / f"{t.name}.jsonl")
+                              if i < files[f"{L}/{t.name}.jsonl"]["samples"]} for L in lengths for t in specs}
+        reused = sum(len(v) for v in done.values())
+        total = sum(entry["samples"] for entry in files.values())
+        say(f"lengths: {', '.join(map(str, lengths))}")
+        note = sliding_note(run["model"]["name"], run["model"].get("sliding_window"), lengths)
+        if note:
+            say(f"note: {note}")
+        say(f"max_model_len {max_model_len}; {total} samples, {reused} already predicted, {total - reused} to go "
+            f"({s.backend})")
+        t0 = time.perf_counter()
+        count = _predict(bk, out, lengths, specs, done, total - reused, progress, on_prediction)
+        t_gen = time.perf_counter() - t0
 
-    t0 = time.perf_counter()
-    rows = _score(out, lengths, specs, files)
-    t_score = time.perf_counter() - t0
-    task_set = hash_json({**{k: binding[k] for k in ("tokenizer", "seed", "samples", "template")},
-                          "files": {rel: run["files"][rel] for rel in files}})
-    timings = {"prepare_s": round(t_prep, 3), "generate_s": round(t_gen, 3), "score_s": round(t_score, 3),
-               "total_s": round(time.perf_counter() - t_start, 3), "new_predictions": count,
-               "reused_predictions": reused}
-    doc = {"format": SCORES_FORMAT, "model": run["model"], "backend": run["backend"], "sampling": SAMPLING,
-           "template": manifest.get("template"), "upstream": f"NVIDIA/RULER@{UPSTREAM_COMMIT}",
-           "task_set": task_set, "lengths": lengths, "tasks": [t.name for t in specs], "scores": rows,
-           "seeds": {"tasks": s.seed, "engine": 0}, "versions": versions(),
-           "task_versions": {t.name: t.version for t in specs}, "timings": timings}
-    write_json(out / "scores.json", doc)
-    return RunOutcome(out, lengths, [t.name for t in specs], max_model_len, count, reused, timings, out / "scores.json")
+        t0 = time.perf_counter()
+        rows = _score(out, lengths, specs, files)
+        t_score = time.perf_counter() - t0
+        task_set = hash_json({**{k: binding[k] for k in ("tokenizer", "seed", "samples", "template")},
+                              "files": {rel: run["files"][rel] for rel in files}})
+        timings = {"prepare_s": round(t_prep, 3), "generate_s": round(t_gen, 3), "score_s": round(t_score, 3),
+                   "total_s": round(time.perf_counter() - t_start, 3), "new_predictions": count,
+                   "reused_predictions": reused}
+        doc = {"format": SCORES_FORMAT, "model": run["model"], "backend": run["backend"], "sampling": SAMPLING,
+               "template": manifest.get("template"), "upstream": f"NVIDIA/RULER@{UPSTREAM_COMMIT}",
+               "task_set": task_set, "lengths": lengths, "tasks": [t.name for t in specs], "scores": rows,
+               "seeds": {"tasks": s.seed, "engine": 0}, "versions": versions(),
+               "task_versions": {t.name: t.version for t in specs}, "timings": timings}
+        write_json(out / "scores.json", doc)
+        return RunOutcome(out, lengths, [t.name for t in specs], max_model_len, count, reused, timings,
+                          out / "scores.json")
+    finally:
+        stage.release()

@@ -55,6 +55,12 @@ class PrepareSettings(RulerTaskSettings):
                                  short="-o", recipe=False, cli_required=True)
 
 
+# The backends that read each backend option: any other backend refuses it rather than ignore it.
+_OPTION_USERS = {"dtype": ("vllm", "hf"), "tensor_parallel_size": ("vllm",), "data_parallel_size": ("vllm",),
+                 "gpu_memory_utilization": ("vllm",), "kv_cache_memory": ("vllm",), "enforce_eager": ("vllm",),
+                 "base_url": ("openai",), "model": ("openai",), "concurrency": ("openai",), "device": ("hf",)}
+
+
 @dataclass(frozen=True)
 class RulerRunSettings(RulerTaskSettings):
     checkpoint: str | None = setting(None, Text(), "Checkpoint to evaluate.", cli="argument", recipe=False,
@@ -84,6 +90,11 @@ class RulerRunSettings(RulerTaskSettings):
 
     def check(self) -> None:
         super().check()
+        defaults = {f.name: f.default for f, _ in self.specs()}
+        for name, users in _OPTION_USERS.items():
+            if getattr(self, name) != defaults[name] and self.backend not in users:
+                raise self.error(f"{ref(name)} is an option of {' and '.join(users)}, which {ref('backend')} "
+                                 f"{self.backend} does not use; drop it, or choose {ref('backend')} {users[0]}")
         if self.backend == "openai" and not self.base_url:
             raise self.error(f"{ref('backend')} openai needs {ref('base_url')} (e.g. http://127.0.0.1:8000/v1)")
 
