@@ -108,8 +108,16 @@ def test_hf_run_resumes_without_loss_or_duplicates(ruler_checkpoint, tmp_path):
     scores = json.loads((out / "scores.json").read_text())
     assert {(s["task"], s["samples"]) for s in scores["scores"]} == {("niah_single_1", 3), ("vt", 3)}
     # a third run has nothing left to predict
+    scores = json.loads((out / "scores.json").read_text())
+    # what ran, not what was asked ("auto"): the checkpoint's dtype on this machine's CPU; per-length throughput
+    assert scores["backend"]["dtype"] == "auto" and scores["backend"]["ran"]["dtype"] == "float32"
+    assert scores["backend"]["ran"]["device"]["type"] == "cpu"
+    stats = scores["timings"]["per_length"]["2048"]
+    assert stats["predictions"] == 4 and stats["prompt_tokens"] > 4 * 1500 and stats["prompt_tokens_per_s"] > 0
     again = run_ruler(ruler_checkpoint, [2048], out, tasks=TASKS, samples=3, backend="hf", progress=False)
     assert (again.reused_predictions, again.new_predictions) == (6, 0)
+    # nothing ran this time: what ran before is kept
+    assert json.loads((out / "scores.json").read_text())["backend"]["ran"] == scores["backend"]["ran"]
     # bound to the checkpoint, task settings and backend
     with pytest.raises(InputError, match="other settings: --seed 42 -> 1; use the same settings"):
         run_ruler(ruler_checkpoint, [2048], out, tasks=TASKS, samples=3, seed=1, backend="hf", progress=False)
@@ -247,6 +255,8 @@ def test_vllm_gated_yarn_matches_bare_generate_and_hf_token_counts(gated_yarn_ch
     assert max(p["prompt_tokens"] for p in preds) > 3800  # the 4k samples really are long
     rep = write_report(out)
     assert rep.results["model"]["yarn_factor"] == 2.0 and rep.results["model"]["parent_fingerprint"]
+    assert rep.results["backend"]["ran"]["dtype"] == "float32"  # the engine's, as it ran
+    assert set(rep.results["timings"]["per_length"]) == {"2048", "4096"}
     # the hf backend counts the same prompt tokens (BOS included) on the same task files
     hf_out = tmp_path / "hf"
     run_ruler(gated_yarn_checkpoint, [2048], hf_out, tasks="vt", samples=2, backend="hf", progress=False)

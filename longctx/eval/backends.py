@@ -42,6 +42,20 @@ class Request:
 OnResult = Callable[[Request, str, "int | None"], None]
 
 
+def device_info(device: Any = None) -> dict[str, Any]:
+    """What a model ran on: {"type", "name", "count"} (CUDA: the device's name and how many are visible; CPU:
+    the processor and its cores)."""
+    import platform
+
+    import torch
+
+    on_cuda = (str(device).startswith("cuda") if device is not None else torch.cuda.is_available())
+    if on_cuda and torch.cuda.is_available():
+        index = torch.device(device).index if device is not None and torch.device(device).index is not None else 0
+        return {"type": "cuda", "name": torch.cuda.get_device_name(index), "count": torch.cuda.device_count()}
+    return {"type": "cpu", "name": platform.processor() or platform.machine(), "count": os.cpu_count()}
+
+
 # KV cache (GiB) for vLLM's CPU build when neither --gpu-memory-utilization nor --kv-cache-memory is given.
 CPU_KV_CACHE_GIB = 4
 # Where the output of a vLLM engine start goes: the run directory when the backend knows it, else
@@ -146,6 +160,7 @@ class VllmBackend:
         if trust_remote_code:
             self.kwargs["trust_remote_code"] = True
         self.llm = llm
+        self.ran: dict[str, Any] | None = None  # what generate() ran: the resolved dtype, the device
         self.owns_engine = llm is None  # a given engine is the caller's to shut down
         self.chunk = chunk
 
@@ -221,6 +236,9 @@ class VllmBackend:
         llm = self._engine()  # first: vLLM's import prints, and the engine start captures that
         from vllm import SamplingParams
 
+        # what the engine really uses ("auto" resolved from the checkpoint), while it is up
+        self.ran = {"dtype": str(llm.llm_engine.model_config.dtype).removeprefix("torch."), "device": device_info()}
+
         engine = llm.llm_engine
         window = 2 * max(int(getattr(engine.vllm_config.scheduler_config, "max_num_seqs", 256) or 256), self.chunk)
         it = iter(requests)
@@ -273,6 +291,7 @@ class HfBackend:
         self.seed = seed
         self.trust_remote_code = trust_remote_code
         self.model = self.tok = None
+        self.ran: dict[str, Any] | None = None  # what generate() ran: the resolved dtype, the device
 
     def settings(self) -> dict[str, Any]:
         return {"name": self.name, "max_model_len": self.max_model_len, "dtype": self.dtype,
@@ -313,6 +332,8 @@ class HfBackend:
             self._load()
         torch.manual_seed(self.seed)
         device = self.model.device
+        self.ran = {"dtype": str(next(self.model.parameters()).dtype).removeprefix("torch."),
+                    "device": device_info(device)}
         for r in requests:
             ids = self.tok(r.prompt, return_tensors="pt").input_ids.to(device)
             n = ids.shape[1]
@@ -351,6 +372,7 @@ class OpenAIBackend:
         self.api_key_env = api_key_env
         self.seed = seed
         self._checked = False
+        self.ran: dict[str, Any] | None = None  # the server's dtype and device are not reported
 
     def settings(self) -> dict[str, Any]:
         return {"name": self.name, "base_url": self.base_url, "model": self.model, "concurrency": self.concurrency}

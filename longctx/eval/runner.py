@@ -75,9 +75,19 @@ def _requests(out: Path, lengths: list[int], specs, done: dict) -> Iterator[Requ
 
 
 def _predict(bk, out: Path, lengths, specs, done, pending: int, progress: bool,
-             on_prediction: Callable[[dict], None] | None) -> int:
-    """Generate every missing prediction, written as it arrives; returns how many were made."""
+             on_prediction: Callable[[dict], None] | None) -> tuple[int, dict[int, dict[str, Any]]]:
+    """Generate every missing prediction, written as it arrives; returns how many were made and, per length
+    that made some, its wall time (from its first request handed to the backend to its last answer), prompt
+    tokens and prompt tokens/s. Lengths are fed in order, but an engine may overlap their spans."""
     writer = PredictionWriter()
+    first: dict[int, float] = {}
+    per_length: dict[int, dict[str, Any]] = {}
+
+    def fed(requests: Iterator[Request]) -> Iterator[Request]:
+        for r in requests:
+            first.setdefault(r.key[0], time.perf_counter())
+            yield r
+
     bar = None
     if progress and pending:
         from tqdm import tqdm
@@ -92,6 +102,10 @@ def _predict(bk, out: Path, lengths, specs, done, pending: int, progress: bool,
                "prompt_tokens": prompt_tokens}
         writer.write(out / "pred" / str(L) / f"{task}.jsonl", rec)
         count += 1
+        stats = per_length.setdefault(L, {"predictions": 0, "prompt_tokens": 0})
+        stats["predictions"] += 1
+        stats["prompt_tokens"] += prompt_tokens or 0
+        stats["wall_s"] = time.perf_counter() - first[L]
         if bar is not None:
             bar.update(1)
         if on_prediction is not None:
@@ -99,13 +113,16 @@ def _predict(bk, out: Path, lengths, specs, done, pending: int, progress: bool,
 
     try:
         if pending:
-            bk.generate(_requests(out, lengths, specs, done), on_result)
+            bk.generate(fed(_requests(out, lengths, specs, done)), on_result)
     finally:
         writer.close()
         bk.close()
         if bar is not None:
             bar.close()
-    return count
+    for stats in per_length.values():
+        stats["wall_s"] = round(stats["wall_s"], 3)
+        stats["prompt_tokens_per_s"] = round(stats["prompt_tokens"] / stats["wall_s"], 1) if stats["wall_s"] else None
+    return count, per_length
 
 
 def _score(out: Path, lengths, specs, files: dict) -> list[dict[str, Any]]:
@@ -134,6 +151,7 @@ def run_ruler(s: RulerRunSettings, *, engine=None, progress: bool = True, log: C
     """
     from longctx.checkpoint.describe import model_info, sliding_note
     from longctx.checkpoint.directory import checkpoint_dir, fingerprint, read_config, versions
+    from longctx.checkpoint.load import json_object
     from longctx.checkpoint.rope import check_context, read_rope
     from longctx.checkpoint.tokenizer import special_tokens_added
     from longctx.core.hashing import tokenizer_fingerprint
@@ -194,8 +212,11 @@ def run_ruler(s: RulerRunSettings, *, engine=None, progress: bool = True, log: C
         say(f"max_model_len {max_model_len}; {total} samples, {reused} already predicted, {total - reused} to go "
             f"({s.backend})")
         t0 = time.perf_counter()
-        count = _predict(bk, out, lengths, specs, done, total - reused, progress, on_prediction)
+        count, per_length = _predict(bk, out, lengths, specs, done, total - reused, progress, on_prediction)
         t_gen = time.perf_counter() - t0
+        # what ran: this call's engine, or (everything reused) the one that made the predictions before
+        before = json_object(out / "scores.json").get("backend")
+        ran = bk.ran or (before.get("ran") if isinstance(before, dict) else None)
 
         t0 = time.perf_counter()
         rows = _score(out, lengths, specs, files)
@@ -204,10 +225,11 @@ def run_ruler(s: RulerRunSettings, *, engine=None, progress: bool = True, log: C
                               "files": {rel: run["files"][rel] for rel in files}})
         timings = {"prepare_s": round(t_prep, 3), "generate_s": round(t_gen, 3), "score_s": round(t_score, 3),
                    "total_s": round(time.perf_counter() - t_start, 3), "new_predictions": count,
-                   "reused_predictions": reused}
-        doc = {"format": SCORES_FORMAT, "model": run["model"], "backend": run["backend"], "sampling": SAMPLING,
-               "template": manifest.get("template"), "upstream": f"NVIDIA/RULER@{UPSTREAM_COMMIT}",
-               "task_set": task_set, "lengths": lengths, "tasks": [t.name for t in specs], "scores": rows,
+                   "reused_predictions": reused, "per_length": {str(L): v for L, v in per_length.items()}}
+        doc = {"format": SCORES_FORMAT, "model": run["model"], "backend": {**run["backend"], "ran": ran},
+               "sampling": SAMPLING, "template": manifest.get("template"),
+               "upstream": f"NVIDIA/RULER@{UPSTREAM_COMMIT}", "task_set": task_set, "lengths": lengths,
+               "tasks": [t.name for t in specs], "scores": rows,
                "seeds": {"tasks": s.seed, "engine": 0}, "versions": versions(),
                "task_versions": {t.name: t.version for t in specs}, "timings": timings}
         write_json(out / "scores.json", doc)
