@@ -62,12 +62,11 @@ def model_info(path: str | os.PathLike, fp: str | None = None, trust_remote_code
 
 def ran_remote_code(cfg: dict, trust_remote_code: bool) -> dict | None:
     """The config's auto_map when its code, trusted, builds the model (what results record)."""
-    from longctx.checkpoint.load import known_model_type
+    from longctx.checkpoint.load import known_model_type, remote_code
 
     auto_map = cfg.get("auto_map")
-    if trust_remote_code and isinstance(auto_map, dict) and not known_model_type(cfg.get("model_type")):
-        return auto_map
-    return None
+    needed = remote_code(auto_map, known_model_type(cfg.get("model_type"))) is not None
+    return auto_map if trust_remote_code and needed else None
 
 
 def window_text(window: dict | None) -> str:
@@ -84,8 +83,8 @@ def sliding_note(name: str, window: dict | None, lengths: list[int]) -> str | No
     if not beyond:
         return None
     return (f"{name} has sliding-window attention ({window_text(window)}): at {', '.join(map(str, beyond))} "
-            "tokens those layers see only the last {0} tokens, as the model defines them; it is not full "
-            "attention over the whole sequence").format(window["window"])
+            f"tokens those layers see only the last {window['window']} tokens, as the model defines them; it is not "
+            "full attention over the whole sequence")
 
 
 def checkpoint_name(ckpt: Path) -> str:
