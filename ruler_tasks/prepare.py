@@ -191,13 +191,17 @@ def prepare(
     *,
     english_words: str | os.PathLike | None = None,
     progress: bool = True,
+    system_prompt: str | None = None,
+    chat_template_kwargs: dict | None = None,
+    thinking: bool | None = None,
 ) -> PrepareResult:
     """Write `out_dir/<length>/<task>.jsonl` for every length x task, plus `out_dir/manifest.json`.
 
     Maps 1:1 onto `longctx ruler prepare --tokenizer --lengths --tasks --samples --seed --template
-    --data-dir --essay --squad --hotpotqa -o`. `tokenizer` is a tokenizer directory or an already loaded
-    fast tokenizer. Bad input raises `RulerInputError` before anything is written; the few refusals only
-    generation can find (no sample fits the length) remove the folder this call made.
+    --system-prompt --chat-template-kwargs --data-dir --essay --squad --hotpotqa -o`. `tokenizer` is a
+    tokenizer directory or an already loaded fast tokenizer. Bad input raises `RulerInputError` before anything
+    is written; the few refusals only generation can find (no sample fits the length) remove the folder this
+    call made. `thinking` overrides what the chat template says of thinking (`model_template`).
     """
     from ruler_tasks.data import load_source, resolve_sources
     from ruler_tasks.qa import check_samples
@@ -209,7 +213,8 @@ def prepare(
     origins = resolve_sources(needed, data_dir, essay, squad, hotpotqa)
     loaded = not isinstance(tokenizer, (str, os.PathLike))
     tok = tokenizer if loaded else load_tokenizer(tokenizer)
-    mtemplate = model_template(template, tok)  # a chat template that does not work: refused before writing
+    # a chat template that does not work: refused before writing
+    mtemplate = model_template(template, tok, system_prompt, chat_template_kwargs, thinking)
     fp = tokenizer_fingerprint(tok)
     words, words_sha = _english_words(english_words)
     out = Path(out_dir)
@@ -217,9 +222,17 @@ def prepare(
         check_apart(out, [("tokenizer", Path(str(tokenizer)))])
     manifest = _read_manifest(out)
     rels = [f"{L}/{s.name}.jsonl" for L in lengths for s in specs]
-    request = hash_json({"tokenizer": fp, "lengths": lengths, "tasks": [(s.name, s.version) for s in specs],
-                         "samples": samples, "seed": seed, "template": template, "english_words": words_sha,
-                         "sources": _stat((data_dir, essay, squad, hotpotqa)), "wonderwords": wonderwords_version()})
+    asked = {"tokenizer": fp, "lengths": lengths, "tasks": [(s.name, s.version) for s in specs],
+             "samples": samples, "seed": seed, "template": template, "english_words": words_sha,
+             "sources": _stat((data_dir, essay, squad, hotpotqa)), "wonderwords": wonderwords_version()}
+    # only when set: requests without them keep the hash (and the manifests) they always had
+    if mtemplate.system_prompt is not None:
+        asked["system_prompt"] = mtemplate.system_prompt
+    if mtemplate.chat_template_kwargs:
+        asked["chat_template_kwargs"] = mtemplate.chat_template_kwargs
+    if thinking is not None:
+        asked["thinking"] = thinking
+    request = hash_json(asked)
     if manifest.get("request") == request and _intact(out, manifest, rels):
         return PrepareResult(out, [out / r for r in rels],
                              [TaskTiming(s.name, L, samples, 0.0, 0.0, True) for L in lengths for s in specs], manifest)

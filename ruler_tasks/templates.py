@@ -2,7 +2,9 @@
 
 RULER builds `model_template.format(task_template=T) + answer_prefix` (scripts/data/template.py and
 prepare.py @ c3f5e3b): the answer prefix comes *after* the model wrapper, i.e. in the assistant turn.
-`chat` renders the tokenizer's chat template around one user message and uses it the same way.
+`chat` renders the tokenizer's chat template around one user message (after an optional system message,
+with optional extra template variables) and uses it the same way, except for a template that makes the
+model think first (see `model_template`): there the answer prefix ends the user turn instead.
 Braces of the wrapper are escaped because RULER's generators run `str.format` on the whole template.
 Differences from upstream's hand-written wrappers: a leading BOS token string rendered by the chat
 template is dropped (inference servers add BOS themselves), and the NIAH singular rewrite
@@ -11,12 +13,20 @@ template is dropped (inference servers add BOS themselves), and the NIAH singula
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 
 from ruler_tasks.errors import RulerInputError
 
 TEMPLATE_NAMES = ("base", "chat")
 _SENTINEL = "\x00RULER_TASK_TEMPLATE\x00"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+# Names `apply_chat_template` takes as its own parameters, or sets itself (`messages`): as template variables
+# they would change how the template is called (e.g. no generation prompt), not what it renders.
+_RESERVED_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs"})
 
 
 def _esc(s: str) -> str:
@@ -27,39 +37,151 @@ def _esc(s: str) -> str:
 class ModelTemplate:
     name: str
     head: str = ""  # wrapper text before the task template (raw, unescaped)
-    tail: str = ""  # wrapper text between the task template and the answer prefix
+    tail: str = ""  # wrapper text after the task template: the end of the user turn and the generation prompt
+    system_prompt: str | None = None
+    chat_template_kwargs: dict | None = field(default=None, hash=False)
+    thinking: bool = False  # the model thinks (<think>...</think>) before it answers
 
     @property
     def is_base(self) -> bool:
         return not self.head and not self.tail
 
     def compose(self, task_template: str, answer_prefix: str) -> str:
-        """The `--template` string RULER's generator would receive."""
+        """The `--template` string RULER's generator would receive.
+
+        Without thinking: head + task + tail + answer prefix, as upstream (the prefix starts the answer).
+        With thinking the prefix would land inside the thought (or be thought over), so it ends the user turn:
+        head + task + answer prefix + tail; the model sees the expected form of the answer, thinks, answers.
+        RULER's `split_answer_prefix` still cuts the prompt where the prefix starts, so a record's
+        `input + answer_prefix` is this whole prompt, and its `answer_prefix` is the prefix plus the tail.
+        """
+        if self.thinking:
+            return _esc(self.head) + task_template + answer_prefix + _esc(self.tail)
         return _esc(self.head) + task_template + _esc(self.tail) + answer_prefix
 
     def describe(self) -> dict:
-        return {"name": self.name, "head": self.head, "tail": self.tail}
+        """What identifies the prompts (task-file keys, manifest): name, head and tail, plus the chat settings and
+        the thinking flag only when set, so that templates without them keep the keys they always had."""
+        d = {"name": self.name, "head": self.head, "tail": self.tail}
+        if self.system_prompt is not None:
+            d["system_prompt"] = self.system_prompt
+        if self.chat_template_kwargs:
+            d["chat_template_kwargs"] = dict(self.chat_template_kwargs)
+        if self.thinking:
+            d["thinking"] = True
+        return d
 
 
-def model_template(name: str, tokenizer=None) -> ModelTemplate:
+def _why(e: Exception) -> str:
+    msg = str(e).strip().splitlines()
+    return f"{e.__class__.__name__}: {msg[0]}" if msg else e.__class__.__name__
+
+
+def _check_kwargs(kwargs) -> dict | None:
+    if kwargs is None:
+        return None
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise RulerInputError(f"--chat-template-kwargs must be a JSON object (got {kwargs!r})")
+    bad = sorted(set(kwargs) & _RESERVED_KWARGS)
+    if bad:
+        raise RulerInputError(f"--chat-template-kwargs cannot set {', '.join(bad)}: RULER's chat rendering sets "
+                              "how the template is called; give only the template's own variables")
+    try:
+        json.dumps(kwargs, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise RulerInputError(f"--chat-template-kwargs must hold JSON values only ({e})") from None
+    return dict(kwargs) or None
+
+
+def _template_source(tokenizer) -> str:
+    """The chat template `apply_chat_template` renders: the string, or the "default" entry of a dict of named
+    templates (every entry when there is none)."""
+    src = getattr(tokenizer, "chat_template", None)
+    if isinstance(src, dict):
+        return src["default"] if isinstance(src.get("default"), str) else "".join(map(str, src.values()))
+    return src if isinstance(src, str) else ""
+
+
+def _thinks(tail: str, source: str) -> bool:
+    """Whether the rendered generation prompt `tail` makes the model think before answering (rule: see
+    `model_template`)."""
+    opened, closed = tail.rfind(THINK_OPEN), tail.rfind(THINK_CLOSE)
+    if opened > closed:  # an open thought the model goes on with (thinking-only templates)
+        return True
+    if closed >= 0:  # a closed, usually empty, thought: thinking switched off (Qwen3, enable_thinking=False)
+        return False
+    return THINK_CLOSE in source  # a hybrid template whose default is to think: the model opens <think> itself
+
+
+def model_template(name: str, tokenizer=None, system_prompt: str | None = None,
+                   chat_template_kwargs: dict | None = None, thinking: bool | None = None) -> ModelTemplate:
+    """The wrapper `name` ("base" or "chat") for `tokenizer`.
+
+    `chat` renders the tokenizer's chat template (`apply_chat_template(..., add_generation_prompt=True)`) around
+    one user message, after a system message `system_prompt` when given, with `chat_template_kwargs` as extra
+    template variables (transformers passes extra keyword arguments on to the Jinja template), e.g.
+    {"enable_thinking": false} for Qwen3. Both are refused for `base`.
+
+    `thinking` (the model thinks before answering) is read from the generation prompt, the rendered text after
+    the user message (`tail`): an open `<think>` with no `</think>` after it (Qwen3-*-Thinking-2507,
+    DeepSeek-R1 style templates) -> thinking; a closed `<think>...</think>` (Qwen3 with enable_thinking=False
+    renders an empty one) -> not thinking; neither -> thinking when the template source has a `</think>`
+    (hybrid templates such as Qwen3's, whose default is to think: the model opens `<think>` itself), else not.
+    `thinking` given says it instead (a template that mentions `</think>` only to drop old thoughts from the
+    history, for a model that does not think).
+    """
+    kwargs = _check_kwargs(chat_template_kwargs)
+    if system_prompt is not None and not isinstance(system_prompt, str):
+        raise RulerInputError(f"--system-prompt must be text (got {system_prompt!r})")
     if name == "base":
+        if system_prompt is not None or kwargs or thinking:
+            raise RulerInputError("--system-prompt, --chat-template-kwargs and --think-tokens are for the chat "
+                                  "template; add --template chat, or drop them")
         return ModelTemplate("base")
     if name != "chat":
         raise RulerInputError(f"unknown template '{name}'; choose one of: {', '.join(TEMPLATE_NAMES)}")
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise RulerInputError("--template chat needs a tokenizer with a chat template (this one has none); use --template base")
+        raise RulerInputError("--template chat needs a tokenizer with a chat template (this one has none); "
+                              "use --template base")
+    user = [{"role": "user", "content": _SENTINEL}]
+    system = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
+
+    def render(messages, extra):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **(extra or {}))
+
     try:
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": _SENTINEL}], tokenize=False, add_generation_prompt=True)
-    except Exception as e:  # noqa: BLE001 - a broken template is a user-input problem
-        raise RulerInputError(f"the tokenizer's chat template failed to render ({e.__class__.__name__}: {e}); use --template base") from None
+        text = render(system + user, kwargs)
+    except Exception as e:  # noqa: BLE001 - a template that does not render is a user-input problem
+        raise RulerInputError(_render_failure(render, e, system, user, kwargs)) from None
     if not isinstance(text, str) or text.count(_SENTINEL) != 1:
-        raise RulerInputError("the tokenizer's chat template does not place the user message once; use --template base")
+        raise RulerInputError("the tokenizer's chat template does not place the user message once; "
+                              "use --template base")
     head, tail = text.split(_SENTINEL)
     bos = getattr(tokenizer, "bos_token", None)
     if bos and head.startswith(bos):
         head = head[len(bos):]
-    return ModelTemplate("chat", head, tail)
+    thinks = _thinks(tail, _template_source(tokenizer)) if thinking is None else thinking
+    return ModelTemplate("chat", head, tail, system_prompt, kwargs, thinks)
+
+
+def _render_failure(render, e: Exception, system: list, user: list, kwargs: dict | None) -> str:
+    """One line: which of our additions the template refuses (rendered again without each), and what to do."""
+    def works(messages, extra) -> bool:
+        try:
+            render(messages, extra)
+        except Exception:  # noqa: BLE001
+            return False
+        return True
+
+    if system and works(user, kwargs):
+        return f"the tokenizer's chat template refuses a system message ({_why(e)}); drop --system-prompt"
+    if kwargs and works(system + user, None):
+        return (f"the tokenizer's chat template fails with --chat-template-kwargs {json.dumps(kwargs)} ({_why(e)}); "
+                "change or drop --chat-template-kwargs")
+    if (system or kwargs) and works(user, None):
+        return (f"the tokenizer's chat template fails with --system-prompt and --chat-template-kwargs together "
+                f"({_why(e)}); drop one of them")
+    return f"the tokenizer's chat template failed to render ({_why(e)}); use --template base"
 
 
 def split_format(fmt: str, **kwargs) -> tuple[str, str]:

@@ -17,6 +17,7 @@ from conftest import require_vllm, user_environment
 
 from longctx.cli.main import cli
 from longctx.core.errors import InputError
+from longctx.eval.request import Request
 from longctx.eval.runner import run_ruler as run_settings
 from longctx.eval.settings import RulerRunSettings
 from longctx.report.results import load_results
@@ -123,18 +124,30 @@ def test_hf_run_resumes_without_loss_or_duplicates(ruler_checkpoint, tmp_path):
         run_ruler(ruler_checkpoint, [2048], out, tasks=TASKS, samples=3, seed=1, backend="hf", progress=False)
     with pytest.raises(InputError, match="other settings: --samples 3 -> 2;"):
         run_ruler(ruler_checkpoint, [2048], out, tasks=TASKS, samples=2, backend="hf", progress=False)
-    with pytest.raises(InputError, match='--backend "hf" -> "vllm"; --device "cpu" -> null; --tensor-parallel-size'):
+    with pytest.raises(InputError, match='--backend "hf" -> "vllm"; --dtype "float32" -> "bfloat16"; '
+                                         '--device "cpu" -> null; --tensor-parallel-'):
         run_ruler(ruler_checkpoint, [2048], out, tasks=TASKS, samples=3, backend="vllm", progress=False)
-    # every option that can change a prediction, named with both values
-    with pytest.raises(InputError, match='other settings: --dtype "auto" -> "float32"; use the same settings'):
-        run_ruler(ruler_checkpoint, [2048], out, tasks=TASKS, samples=3, backend="hf", dtype="float32",
+    # every option that can change a prediction, named with both values; the dtype as it resolves ("auto" is
+    # this fp32 checkpoint's float32, so naming it continues the run)
+    with pytest.raises(InputError, match='other settings: --dtype "float32" -> "bfloat16"; use the same settings'):
+        run_ruler(ruler_checkpoint, [2048], out, tasks=TASKS, samples=3, backend="hf", dtype="bfloat16",
                   progress=False)
-    with pytest.raises(InputError, match='other settings: --seed 42 -> 1; --dtype "auto" -> "float32"; use'):
-        run_ruler(ruler_checkpoint, [2048], out, tasks=TASKS, samples=3, seed=1, backend="hf", dtype="float32",
+    with pytest.raises(InputError, match='other settings: --seed 42 -> 1; --dtype "float32" -> "float16"; use'):
+        run_ruler(ruler_checkpoint, [2048], out, tasks=TASKS, samples=3, seed=1, backend="hf", dtype="float16",
                   progress=False)
+    same = run_ruler(ruler_checkpoint, [2048], out, tasks=TASKS, samples=3, backend="hf", dtype="float32",
+                     progress=False)
+    assert (same.reused_predictions, same.new_predictions) == (6, 0)
     # a new length in the same directory is fine (same task settings): it is added
     rep = write_report(out)
     assert load_results(out)["lengths"] == [2048] and rep.results["samples"]["vt"][2048] == 3
+
+
+def wait_for_a_prediction(proc: subprocess.Popen, pred: Path) -> None:
+    deadline = time.time() + 300
+    while not (pred.is_file() and pred.read_text().count("\n") >= 1) and time.time() < deadline:
+        assert proc.poll() is None, "the run ended before it made a prediction"
+        time.sleep(0.2)
 
 
 def test_one_writer_per_run_directory_and_a_killed_one_never_blocks(ruler_checkpoint, tmp_path):
@@ -148,10 +161,7 @@ def test_one_writer_per_run_directory_and_a_killed_one_never_blocks(ruler_checkp
     first = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=user_environment())
     try:
         pred = out / "pred" / "2048" / "vt.jsonl"
-        deadline = time.time() + 300
-        while not (pred.is_file() and pred.read_text().count("\n") >= 1) and time.time() < deadline:
-            assert first.poll() is None, "the first run ended before it made a prediction"
-            time.sleep(0.2)
+        wait_for_a_prediction(first, pred)
         with pytest.raises(InputError, match=rf"run directory '{out}' is in use by process {first.pid} on "):
             run_ruler(ruler_checkpoint, [2048], out, tasks="vt", samples=40, backend="hf", progress=False)
         first.send_signal(signal.SIGKILL)
@@ -164,6 +174,19 @@ def test_one_writer_per_run_directory_and_a_killed_one_never_blocks(ruler_checkp
     r = run_ruler(ruler_checkpoint, [2048], out, tasks="vt", samples=40, backend="hf", progress=False)
     assert (r.reused_predictions, r.new_predictions) == (made, 40 - made)
     assert len(lines(pred)) == 40 and (out / ".longctx-lock").is_file()
+
+    # refused while the holder goes on: the holder finishes intact, each sample predicted once
+    other = tmp_path / "other"
+    holder = subprocess.Popen([*argv[:argv.index("--samples")], "--samples", "8", "--backend", "hf", "-o",
+                               str(other), "--no-plot"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=user_environment())
+    pred = other / "pred" / "2048" / "vt.jsonl"
+    wait_for_a_prediction(holder, pred)
+    with pytest.raises(InputError, match=rf"run directory '{other}' is in use by process {holder.pid} on "):
+        run_ruler(ruler_checkpoint, [2048], other, tasks="vt", samples=8, backend="hf", progress=False)
+    assert holder.wait(timeout=300) == 0, holder.stderr.read().decode()[-2000:]
+    assert sorted(x["index"] for x in lines(pred)) == list(range(8))
+    assert json.loads((other / "scores.json").read_text())["scores"][0]["samples"] == 8
 
 
 def test_cli_run_default_command_and_bad_inputs(ruler_checkpoint, tmp_path, reference_tokenizer_dir):
@@ -226,7 +249,30 @@ def test_cli_engine_options_reach_vllm(ruler_checkpoint, tmp_path, monkeypatch):
                     "enforce_eager": True, "seed": 0}
     seen.clear()
     r = run(*base, "-o", tmp_path / "b", "--gpu-memory-utilization", "0.5")
-    assert seen["gpu_memory_utilization"] == 0.5 and "data_parallel_size" not in seen and seen["tensor_parallel_size"] == 1
+    assert seen["gpu_memory_utilization"] == 0.5 and "data_parallel_size" not in seen
+    assert seen["tensor_parallel_size"] == 1
+    # any other engine argument, by vLLM's name, typed as `vllm serve` types it
+    seen.clear()
+    r = run(*base, "-o", tmp_path / "c", "--engine-arg", "max_num_seqs=4", "--engine-arg", "kv_cache_dtype=auto",
+            "--engine-arg", "enable_prefix_caching=false", "--engine-arg", 'hf_overrides={"rope_theta": 10000}',
+            "--engine-arg", "max_num_batched_tokens=2k")
+    assert r.exit_code == 2 and "engine construction reached" in r.stderr, r.output
+    assert {k: seen[k] for k in ("max_num_seqs", "kv_cache_dtype", "enable_prefix_caching", "hf_overrides",
+                                 "max_num_batched_tokens")} == {
+        "max_num_seqs": 4, "kv_cache_dtype": "auto", "enable_prefix_caching": False,
+        "hf_overrides": {"rope_theta": 10000}, "max_num_batched_tokens": 2000}
+    for args, message in [
+            (["--engine-arg", "max_num_seq=4"], "--engine-arg max_num_seq: vLLM's EngineArgs has no such field; did "
+                                                "you mean 'max_num_seqs'?"),
+            (["--engine-arg", "max_num_seqs=many"], "--engine-arg max_num_seqs: vLLM's --max-num-seqs refuses 'many'"),
+            (["--engine-arg", "kv_cache_dtype=fp9"], "did you mean 'fp8'?"),
+            (["--engine-arg", "dtype=float32"], "--engine-arg dtype: longctx sets this one (--dtype)"),
+            (["--engine-arg", "max_num_seqs"], "'max_num_seqs' is not KEY=VALUE"),
+            (["--engine-arg", "max_num_seqs=4", "--backend", "hf"], "--engine-arg is an option of vllm")]:
+        seen.clear()
+        r = run(*base, "-o", tmp_path / "d", *args)
+        assert r.exit_code == 2 and message in r.stderr and r.stderr.count("\n") == 1, (args, r.output)
+        assert not seen and not (tmp_path / "d").exists()
 
 
 @pytest.mark.slow
@@ -272,17 +318,32 @@ def _free_port() -> int:
     return port
 
 
+def readme_cpu_serve_command() -> tuple[dict[str, str], list[str]]:
+    """The README's CPU `vllm serve` line: its environment variables and its argv."""
+    import re
+    import shlex
+
+    text = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    found = re.search(r"`(VLLM_CPU_KVCACHE_SPACE=[^`]*api_server[^`]*)`", text)
+    assert found, "the README has no CPU serving line"
+    words = shlex.split(found.group(1))
+    env = dict(w.split("=", 1) for w in words if re.match(r"^[A-Z_]+=", w))
+    return env, [w for w in words if not re.match(r"^[A-Z_]+=", w)]
+
+
 @pytest.mark.slow
 def test_openai_backend_against_a_real_vllm_serve(gated_yarn_checkpoint, tmp_path):
+    """The README's CPU serving line, as written (checkpoint and port replaced), serves a run."""
     require_vllm()
     port = _free_port()
-    env = {**user_environment(), "VLLM_CPU_KVCACHE_SPACE": "1", "OPENAI_API_KEY": "sk-test-not-stored"}
+    readme_env, argv = readme_cpu_serve_command()
+    assert argv[:3] == [".venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"] and "--host" in argv
+    argv = [sys.executable, *argv[1:]]
+    argv[argv.index("--model") + 1] = str(gated_yarn_checkpoint)
+    argv[argv.index("--port") + 1] = str(port)
+    env = {**user_environment(), **readme_env, "OPENAI_API_KEY": "sk-test-not-stored"}
     log = open(tmp_path / "serve.log", "w")
-    # `vllm serve` itself; the `vllm` console script of vllm-cpu looks up the wrong distribution name
-    proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
-                             str(gated_yarn_checkpoint), "--host", "127.0.0.1", "--port",
-                             str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096",
-                             "--seed", "0", "--served-model-name", "tiny"], stdout=log, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen([*argv, "--enforce-eager", "--seed", "0"], stdout=log, stderr=subprocess.STDOUT,
                             env=env)
     try:
         deadline = time.monotonic() + 240
@@ -299,7 +360,9 @@ def test_openai_backend_against_a_real_vllm_serve(gated_yarn_checkpoint, tmp_pat
                 "openai", "--base-url", f"http://127.0.0.1:{port}/v1", "--concurrency", "4", "-o", out)
         assert r.exit_code == 0, r.output
         res = load_results(out)
-        assert res["backend"]["model"] == "tiny" and res["samples"]["vt"][2048] == 3
+        assert res["backend"]["model"] == str(gated_yarn_checkpoint) and res["samples"]["vt"][2048] == 3
+        assert res["backend"]["ran"]["server"] == {"id": str(gated_yarn_checkpoint),
+                                                   "root": str(gated_yarn_checkpoint), "max_model_len": 4096}
         assert "sk-test" not in "".join(p.read_text() for p in out.rglob("*.json*"))
         recs = lines(out / "pred" / "2048" / "niah_single_1.jsonl")
         assert len({x["index"] for x in recs}) == 3 and all(x["prompt_tokens"] for x in recs)
@@ -339,3 +402,40 @@ def test_vllm_backend_shuts_down_only_the_engine_it_started():
     started.close()
     started.close()
     assert shut == [1] and started.llm is None
+
+
+@pytest.mark.slow
+def test_engine_args_reach_a_real_engine_and_bind_the_run(ruler_checkpoint, tmp_path, vllm_engines):
+    """`--engine-arg`s arrive in the engine vLLM builds, and a run directory is bound to those that change what
+    the model computes (kv_cache_dtype), not to those that only schedule the work (max_num_seqs)."""
+    from longctx.eval.backends import VllmBackend
+    from longctx.eval.engine_args import typed_engine_args
+
+    vllm_engines.close()  # one engine at a time on 2 cores
+    args = typed_engine_args({"max_num_seqs": "2", "enable_prefix_caching": "false", "max_num_batched_tokens": "2k"})
+    bk = VllmBackend(str(ruler_checkpoint), 1024, dtype="float32", enforce_eager=True, engine_args=args,
+                     log_dir=tmp_path)
+    got = []
+    try:
+        bk.generate([Request(i, "The grass is", 4) for i in range(3)], lambda r, text, n: got.append(r.key))
+        config = bk.llm.llm_engine.vllm_config
+        assert config.scheduler_config.max_num_seqs == 2 and config.cache_config.enable_prefix_caching is False
+        assert config.scheduler_config.max_num_batched_tokens == 2000
+    finally:
+        bk.close()
+    assert sorted(got) == [0, 1, 2]
+
+    llm = vllm_engines.get(ruler_checkpoint, max_model_len=1024)
+    out = tmp_path / "run"
+    first = run_ruler(ruler_checkpoint, [1024], out, engine=llm, tasks="vt", samples=2, progress=False,
+                      engine_args=["kv_cache_dtype=auto", "max_num_seqs=8"])
+    assert first.new_predictions == 2
+    assert json.loads((out / "scores.json").read_text())["backend"]["engine_args"] == {"kv_cache_dtype": "auto",
+                                                                                      "max_num_seqs": 8}
+    again = run_ruler(ruler_checkpoint, [1024], out, engine=llm, tasks="vt", samples=2, progress=False,
+                      engine_args=["kv_cache_dtype=auto", "max_num_seqs=4"])
+    assert (again.reused_predictions, again.new_predictions) == (2, 0)
+    assert json.loads((out / "scores.json").read_text())["backend"]["engine_args"]["max_num_seqs"] == 4
+    with pytest.raises(InputError, match='other settings: --engine-arg kv_cache_dtype "auto" -> "fp8"; use'):
+        run_ruler(ruler_checkpoint, [1024], out, engine=llm, tasks="vt", samples=2, progress=False,
+                  engine_args=["kv_cache_dtype=fp8"])

@@ -6,8 +6,10 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from conftest import require_vllm
 
 from longctx.cli.main import cli
+from longctx.eval.settings import RulerRunSettings
 from longctx.recipe.load import load_recipe
 from longctx.recipe.run import MARKER, run_recipe
 
@@ -185,6 +187,14 @@ SMALL = {"models": TINY, "yarn": {"factor": 4}, "ruler": {"lengths": "1k", "task
       "yarn": {"factor": 4}}, "models.gated.init.tie_embeddings must be true or false, got 'no'"),
     ({"models": TINY, "yarn": {"factor": 4}, "ruler": {"lengths": "1k", "backend": "vlm"}},
      "ruler.backend must be one of vllm, openai, hf, got 'vlm'; did you mean 'vllm'?"),
+    ({"models": TINY, "yarn": {"factor": 4},
+      "ruler": {"lengths": "1k", "tasks": "vt", "backend_options": {"engine_args": {"max_num_seq": 8}}}},
+     "ruler.backend_options.engine_args max_num_seq: vLLM's EngineArgs has no such field; did you mean "
+     "'max_num_seqs'?"),
+    ({"models": TINY, "yarn": {"factor": 4}, "ruler": {"lengths": "1k", "tasks": "vt", "chat_template_kwargs": "{no"}},
+     "ruler.chat_template_kwargs must be a JSON object"),
+    ({"models": TINY, "yarn": {"factor": 4}, "ruler": {"lengths": "1k", "tasks": "vt", "think_tokens": 512}},
+     "ruler.think_tokens is for thinking chat models; add ruler.template chat"),
 ])
 def test_bad_recipe_is_one_line_exit_2(doc, message, tmp_path):
     recipe = write(tmp_path / "bad.yaml", doc)
@@ -324,3 +334,21 @@ def test_changed_setting_reruns_that_stage_and_the_later_ones(tmp_path, monkeypa
     write(recipe, doc)
     assert statuses(run_recipe(recipe, tmp_path / "out", log=lambda _: None)) == {
         ("baseline", "init"): "skip", ("baseline", "yarn"): "run", ("baseline", "ruler"): "run"}
+
+
+def test_recipe_engine_args_and_chat_settings_are_typed_like_the_command_line(tmp_path):
+    """`ruler.backend_options.engine_args` reaches the ruler settings typed by vLLM's rules, as --engine-arg
+    does; the chat settings are the command line's."""
+    require_vllm()
+    recipe = write(tmp_path / "r.yaml", {**SMALL, "ruler": {
+        "lengths": "1k", "tasks": "vt", "template": "chat", "system_prompt": "Be brief.",
+        "chat_template_kwargs": {"enable_thinking": False},
+        "backend_options": {"engine_args": {"max_num_seqs": "16", "enable_prefix_caching": "false",
+                                            "hf_overrides": {"rope_theta": 10000}}}}})
+    s = load_recipe(recipe).stages["ruler"]
+    assert s.engine_args == {"max_num_seqs": 16, "enable_prefix_caching": False, "hf_overrides": {"rope_theta": 10000}}
+    assert (s.system_prompt, s.chat_template_kwargs) == ("Be brief.", {"enable_thinking": False})
+    cli = RulerRunSettings(checkpoint="c", output="o", lengths=[1024], tasks=["vt"],
+                           engine_args=["max_num_seqs=16", "enable_prefix_caching=false",
+                                        'hf_overrides={"rope_theta": 10000}'])
+    assert cli.engine_args == s.engine_args

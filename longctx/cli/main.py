@@ -220,7 +220,8 @@ def _prepare(s: PrepareSettings) -> None:
     from ruler_tasks.prepare import prepare
 
     r = prepare(resolve_checkpoint(s.tokenizer), s.lengths, s.tasks, s.samples, s.seed, s.template, s.data_dir,
-                s.essay, s.squad, s.hotpotqa, s.output)
+                s.essay, s.squad, s.hotpotqa, s.output, system_prompt=s.system_prompt,
+                chat_template_kwargs=s.chat_template_kwargs)
     click.echo(f"lengths: {', '.join(map(str, s.lengths))}")
     reused = sum(t.reused for t in r.timings)
     click.echo(f"{len(r.files)} task files ({reused} reused) and {r.out_dir / 'manifest.json'} in {r.out_dir}")

@@ -374,3 +374,26 @@ class Overrides(Kind):
 
     def show(self, value):
         return " ".join(self.to_cli(value)) or "none"
+
+
+class JsonObject(Kind):
+    """A JSON object: a mapping in a recipe, its JSON text on the command line (e.g. '{"enable_thinking": false}')."""
+
+    metavar = "JSON"
+    words = "a JSON object, e.g. '{\"enable_thinking\": false}'"
+
+    def parse(self, value):
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise KindError(f"must be a JSON object, got {value!r} ({e.msg} at character {e.pos})") from None
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise self.wrong(value)
+        return dict(value)
+
+    def to_cli(self, value):
+        return [json.dumps(value)]
+
+    def show(self, value):
+        return json.dumps(value)

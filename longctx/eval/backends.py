@@ -11,35 +11,22 @@ Heavy imports (vllm, torch models) happen inside the backend that needs them.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import re
 import sys
 import time
 import traceback
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from longctx.core.errors import InputError
+from longctx.eval.request import OnResult, Request
 from longctx.eval.settings import RulerRunSettings
 
 
-@dataclass(frozen=True)
-class Request:
-    key: Any  # the runner's identifier (length, task, index)
-    prompt: str
-    max_tokens: int
-
-
-# on_result(request, text, prompt_tokens or None)
-OnResult = Callable[[Request, str, "int | None"], None]
 
 
 def device_info(device: Any = None) -> dict[str, Any]:
@@ -145,7 +132,8 @@ class VllmBackend:
     def __init__(self, checkpoint: str, max_model_len: int, *, tensor_parallel_size: int = 1,
                  data_parallel_size: int = 1, dtype: str = "auto", gpu_memory_utilization: float | None = None,
                  kv_cache_memory: int | None = None, enforce_eager: bool = False, seed: int = 0, llm=None,
-                 chunk: int = 64, log_dir: str | os.PathLike | None = None, trust_remote_code: bool = False):
+                 chunk: int = 64, log_dir: str | os.PathLike | None = None, trust_remote_code: bool = False,
+                 engine_args: dict[str, Any] | None = None):
         self.checkpoint = checkpoint
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.max_model_len = max_model_len
@@ -159,18 +147,47 @@ class VllmBackend:
             self.kwargs["kv_cache_memory_bytes"] = kv_cache_memory
         if trust_remote_code:
             self.kwargs["trust_remote_code"] = True
+        self.engine_args = dict(engine_args or {})  # typed by longctx.eval.engine_args
         self.llm = llm
         self.ran: dict[str, Any] | None = None  # what generate() ran: the resolved dtype, the device
         self.owns_engine = llm is None  # a given engine is the caller's to shut down
         self.chunk = chunk
+        self._dtype: str | None = None
 
     def settings(self) -> dict[str, Any]:
-        return {"name": self.name, "max_model_len": self.max_model_len, **self.kwargs}
+        return {"name": self.name, "max_model_len": self.max_model_len, **self.kwargs,
+                **({"engine_args": self.engine_args} if self.engine_args else {})}
+
+    def dtype(self) -> str:
+        """The dtype the engine runs: "auto" resolved from the checkpoint by vLLM's own rule (fp32 checkpoints
+        run in the platform's preferred dtype, see vllm/config/model.py `_get_and_verify_dtype`), without
+        starting it; the requested name when that rule cannot be reached (`generate` then checks what ran)."""
+        if self._dtype is None:
+            if self.llm is not None:
+                self._dtype = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
+            else:
+                self._dtype = self.kwargs["dtype"]
+                with contextlib.suppress(Exception), _output_to(Path(os.devnull)):  # vLLM's import prints
+                    from longctx.checkpoint.load import model_config
+                    from vllm.config.model import _get_and_verify_dtype
+
+                    config = model_config(self.checkpoint,
+                                          trust_remote_code=self.kwargs.get("trust_remote_code", False))
+                    if isinstance(self.engine_args.get("hf_overrides"), dict):  # vLLM applies them to the config
+                        config.update(self.engine_args["hf_overrides"])
+                    self._dtype = str(_get_and_verify_dtype(self.checkpoint, config, self.kwargs["dtype"],
+                                                            is_pooling_model=False)).removeprefix("torch.")
+        return self._dtype
 
     def binding(self) -> dict[str, Any]:
-        """The options that can change a prediction (a run directory is bound to them)."""
-        return {"dtype": self.kwargs["dtype"], "tensor_parallel_size": self.kwargs["tensor_parallel_size"],
-                "data_parallel_size": self.kwargs.get("data_parallel_size", 1)}
+        """The options that can change a prediction (a run directory is bound to them): the dtype as the engine
+        resolves it, the parallel sizes and the engine arguments that change what the model computes."""
+        from longctx.eval.engine_args import binding_args
+
+        bound = {"dtype": self.dtype(), "tensor_parallel_size": self.kwargs["tensor_parallel_size"],
+                 "data_parallel_size": self.kwargs.get("data_parallel_size", 1)}
+        engine_args = binding_args(self.engine_args)
+        return {**bound, "engine_args": engine_args} if engine_args else bound
 
     def check(self) -> None:
         """Refuse, before an engine starts, a config transformers cannot build (vLLM parses config.json with
@@ -205,7 +222,8 @@ class VllmBackend:
                         # vLLM's CPU build reserves gpu_memory_utilization (default 0.92) of the NUMA node's RAM
                         # and refuses to start when that much is not free; size the KV cache explicitly instead.
                         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
-                return LLM(model=self.checkpoint, max_model_len=self.max_model_len, **self.kwargs)
+                return LLM(model=self.checkpoint, max_model_len=self.max_model_len, **self.kwargs,
+                           **self.engine_args)
         except InputError:
             raise
         except Exception as e:  # noqa: BLE001 - whatever stops the engine, the user gets one line and the log
@@ -238,6 +256,9 @@ class VllmBackend:
 
         # what the engine really uses ("auto" resolved from the checkpoint), while it is up
         self.ran = {"dtype": str(llm.llm_engine.model_config.dtype).removeprefix("torch."), "device": device_info()}
+        if self._dtype not in (None, "auto", self.ran["dtype"]):
+            raise InputError(f"vLLM runs {self.checkpoint} in {self.ran['dtype']}, not the {self._dtype} it resolved "
+                             "beforehand and this run directory is bound to; pass --dtype explicitly")
 
         engine = llm.llm_engine
         window = 2 * max(int(getattr(engine.vllm_config.scheduler_config, "max_num_seqs", 256) or 256), self.chunk)
@@ -298,10 +319,17 @@ class HfBackend:
                 **({"trust_remote_code": True} if self.trust_remote_code else {})}
 
     def binding(self) -> dict[str, Any]:
-        """The options that can change a prediction: the dtype and the device it runs on."""
+        """The options that can change a prediction: the dtype ("auto": the checkpoint's, which transformers
+        loads; float32 when it names none) and the device it runs on."""
         import torch
 
-        return {"dtype": self.dtype, "device": self.device or ("cuda" if torch.cuda.is_available() else "cpu")}
+        from longctx.checkpoint.load import model_config
+
+        dtype = self.dtype
+        if dtype == "auto":
+            config = model_config(self.checkpoint, trust_remote_code=self.trust_remote_code)
+            dtype = str(getattr(config, "dtype", None) or "float32").removeprefix("torch.")
+        return {"dtype": dtype, "device": self.device or ("cuda" if torch.cuda.is_available() else "cpu")}
 
     def close(self) -> None:
         self.model = self.tok = None  # the weights are freed with the last reference
@@ -348,126 +376,6 @@ class HfBackend:
             on_result(r, self.tok.decode(out[0, n:], skip_special_tokens=True), n)
 
 
-class OpenAIBackend:
-    """An OpenAI-compatible `/v1/completions` endpoint over plain HTTP, `concurrency` requests in flight.
-
-    The API key comes from `OPENAI_API_KEY` (or the variable named by `api_key_env`); it is never
-    printed or stored. The endpoint is probed (`GET /models`) with a bounded retry before anything runs.
-    """
-
-    name = "openai"
-
-    def __init__(self, base_url: str, model: str | None = None, *, concurrency: int = 8, timeout: float = 600.0,
-                 retries: int = 3, connect_attempts: int = 3, retry_wait: float = 1.0,
-                 api_key_env: str = "OPENAI_API_KEY", seed: int = 0):
-        if not base_url:
-            raise InputError("the openai backend needs --base-url (e.g. http://127.0.0.1:8000/v1)")
-        self.base_url = base_url.rstrip("/")
-        self.model = model
-        self.concurrency = max(1, concurrency)
-        self.timeout = timeout
-        self.retries = retries
-        self.connect_attempts = connect_attempts
-        self.retry_wait = retry_wait
-        self.api_key_env = api_key_env
-        self.seed = seed
-        self._checked = False
-        self.ran: dict[str, Any] | None = None  # the server's dtype and device are not reported
-
-    def settings(self) -> dict[str, Any]:
-        return {"name": self.name, "base_url": self.base_url, "model": self.model, "concurrency": self.concurrency}
-
-    def binding(self) -> dict[str, Any]:
-        """The options that can change a prediction: the server and the model it serves (after `check()`)."""
-        return {"base_url": self.base_url, "served_model": self.model}
-
-    def close(self) -> None:
-        """Nothing to release: every request opens its own connection."""
-
-    def _headers(self) -> dict[str, str]:
-        h = {"Content-Type": "application/json"}
-        key = os.environ.get(self.api_key_env)
-        if key:
-            h["Authorization"] = f"Bearer {key}"
-        return h
-
-    def _call(self, method: str, path: str, body: dict | None = None, timeout: float | None = None) -> dict:
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.base_url + path, data=data, method=method, headers=self._headers())
-        with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
-            return json.loads(resp.read())
-
-    def check(self) -> None:
-        """Probe the endpoint (bounded retry) and pick the served model when none was given."""
-        if self._checked:
-            return
-        last = None
-        for attempt in range(self.connect_attempts):
-            try:
-                models = self._call("GET", "/models", timeout=10)
-                break
-            except urllib.error.HTTPError as e:
-                if e.code in (401, 403):
-                    raise InputError(f"endpoint {self.base_url} refused the request (HTTP {e.code}); "
-                                     f"set {self.api_key_env}") from None
-                last = f"HTTP {e.code}"
-            except (urllib.error.URLError, OSError, ValueError) as e:
-                last = str(getattr(e, "reason", e))
-            if attempt + 1 < self.connect_attempts:
-                time.sleep(self.retry_wait * 2**attempt)
-        else:
-            raise InputError(f"endpoint {self.base_url} is unreachable after {self.connect_attempts} attempts "
-                             f"({last}); start the server or fix --base-url")
-        ids = [m.get("id") for m in models.get("data", [])]
-        if self.model is None:
-            if not ids:
-                raise InputError(f"endpoint {self.base_url} serves no model; pass --served-model")
-            self.model = ids[0]
-        self._checked = True
-
-    def _complete(self, r: Request) -> tuple[str, int | None]:
-        body = {"model": self.model, "prompt": r.prompt, "max_tokens": r.max_tokens, "temperature": 0.0,
-                "top_p": 1.0, "seed": self.seed}
-        for attempt in range(self.retries + 1):
-            try:
-                resp = self._call("POST", "/completions", body)
-                return resp["choices"][0]["text"], (resp.get("usage") or {}).get("prompt_tokens")
-            except urllib.error.HTTPError as e:
-                if e.code < 500 and e.code != 429:
-                    detail = e.read().decode(errors="replace")[:300].replace("\n", " ")
-                    raise InputError(f"endpoint {self.base_url} rejected a request (HTTP {e.code}: {detail})") from None
-                err: Exception = e
-            except (urllib.error.URLError, OSError) as e:
-                err = e
-            if attempt == self.retries:
-                raise InputError(f"endpoint {self.base_url} failed {self.retries + 1} times ({err}); "
-                                 "rerun to resume") from None
-            time.sleep(self.retry_wait * 2**attempt)
-        raise AssertionError("unreachable")
-
-    def generate(self, requests: Iterable[Request], on_result: OnResult) -> None:
-        self.check()
-        it: Iterator[Request] = iter(requests)
-        with ThreadPoolExecutor(self.concurrency) as pool:
-            pending = {}
-            for r in islice(it, 2 * self.concurrency):
-                pending[pool.submit(self._complete, r)] = r
-            try:
-                while pending:
-                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                    for fut in done:
-                        r = pending.pop(fut)
-                        text, toks = fut.result()
-                        on_result(r, text, toks)
-                        nxt = next(it, None)
-                        if nxt is not None:
-                            pending[pool.submit(self._complete, nxt)] = nxt
-            except BaseException:
-                for fut in pending:
-                    fut.cancel()
-                raise
-
-
 def make_backend(s: RulerRunSettings, checkpoint: str, max_model_len: int, engine=None):
     """The backend `s` asks for, with the options it gives, checked before anything is generated or written:
     an openai endpoint is probed; hf: the device and the config; vllm (unless `engine` is given): the config.
@@ -480,7 +388,12 @@ def make_backend(s: RulerRunSettings, checkpoint: str, max_model_len: int, engin
 
     tokenizer = load_tokenizer(checkpoint, s.trust_remote_code)
     if s.backend == "openai":
-        backend = OpenAIBackend(s.base_url, s.model, concurrency=s.concurrency, seed=s.seed)
+        from longctx.eval.openai_backend import OpenAIBackend
+
+        backend = OpenAIBackend(s.base_url, s.model, checkpoint=s.checkpoint, checkpoint_dir=checkpoint,
+                                max_model_len=max_model_len, trust_served_model=s.trust_served_model,
+                                concurrency=s.concurrency, timeout=s.request_timeout, retries=s.max_retries,
+                                seed=s.seed)
         backend.check()
         return backend
     if s.backend == "hf":
@@ -492,6 +405,6 @@ def make_backend(s: RulerRunSettings, checkpoint: str, max_model_len: int, engin
                               data_parallel_size=s.data_parallel_size or 1, dtype=s.dtype or "auto",
                               gpu_memory_utilization=s.gpu_memory_utilization, kv_cache_memory=s.kv_cache_memory,
                               enforce_eager=s.enforce_eager, llm=engine, log_dir=s.output,
-                              trust_remote_code=s.trust_remote_code)
+                              trust_remote_code=s.trust_remote_code, engine_args=s.engine_args)
     backend.check()
     return backend

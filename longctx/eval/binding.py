@@ -1,7 +1,8 @@
 """What a RULER run directory is bound to (`run.json`): a rerun into it continues the same evaluation or
 is refused, never mixed in.
 
-    run.json  {"format", "binding": {fingerprint, tokenizer, seed, samples, template, backend, sampling,
+    run.json  {"format", "binding": {fingerprint, tokenizer, seed, samples, template, system_prompt,
+                                      chat_template_kwargs, think_tokens, backend, sampling,
                                       engine (the backend options that can change a prediction)},
                "files": {"<length>/<task>.jsonl": sha256 of the task file predictions were made from},
                "model", "backend"}
@@ -32,12 +33,14 @@ STAGE_TAG = "stage"
 # Upstream: temperature 0 (greedy), top_p 1, max_tokens = the task's tokens_to_generate, no stop words.
 SAMPLING = {"temperature": 0.0, "top_p": 1.0, "max_tokens": "tokens_to_generate of each task", "stop": []}
 _LABELS = {"fingerprint": "checkpoint", "tokenizer": "tokenizer", "seed": "--seed", "samples": "--samples",
-           "template": "--template", "backend": "--backend", "sampling": "sampling settings",
-           "engine": "engine options"}
+           "template": "--template", "system_prompt": "--system-prompt",
+           "chat_template_kwargs": "--chat-template-kwargs", "think_tokens": "--think-tokens", "backend": "--backend",
+           "sampling": "sampling settings", "engine": "engine options"}
 # The backend options that can change a prediction (each backend's `binding()`), as the messages name them.
 _ENGINE_LABELS = {"dtype": "--dtype", "tensor_parallel_size": "--tensor-parallel-size",
                   "data_parallel_size": "--data-parallel-size", "device": "--device", "base_url": "--base-url",
-                  "served_model": "--served-model"}
+                  "served_model": "--served-model", "served_root": "the served model's root",
+                  "trust_served_model": "--trust-served-model"}
 
 
 def _shown(value: Any) -> str:
@@ -54,11 +57,22 @@ def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             diffs.append("engine options (not recorded in this run directory) -> " + _shown(new[key]))
         elif key == "engine":
             was = old[key] if isinstance(old[key], dict) else {}
-            for k in dict.fromkeys([*was, *new[key]]):
-                if was.get(k) != new[key].get(k):
-                    diffs.append(f"{_ENGINE_LABELS.get(k, k)} {_shown(was.get(k))} -> {_shown(new[key].get(k))}")
+            diffs += _option_differences(was, new[key])
         elif old.get(key) != new[key]:
             diffs.append(f"{label} {_shown(old.get(key))} -> {_shown(new[key])}")
+    return diffs
+
+
+def _option_differences(was: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """'--dtype "bfloat16" -> "float32"', '--engine-arg kv_cache_dtype "fp8" -> null', ...."""
+    diffs = []
+    for k in dict.fromkeys([*was, *now]):
+        if k == "engine_args":
+            args_was, args_now = (d.get(k) if isinstance(d.get(k), dict) else {} for d in (was, now))
+            diffs += [f"--engine-arg {a} {_shown(args_was.get(a))} -> {_shown(args_now.get(a))}"
+                      for a in dict.fromkeys([*args_was, *args_now]) if args_was.get(a) != args_now.get(a)]
+        elif was.get(k) != now.get(k):
+            diffs.append(f"{_ENGINE_LABELS.get(k, k)} {_shown(was.get(k))} -> {_shown(now.get(k))}")
     return diffs
 
 

@@ -23,11 +23,13 @@ from typing import Any
 from longctx.core.errors import InputError
 from longctx.core.files import check_apart, write_json
 from longctx.core.hashing import hash_json
-from longctx.eval.backends import Request, make_backend
+from longctx.eval.backends import make_backend
+from longctx.eval.request import Request
 from longctx.eval.binding import SAMPLING, TASKS_DIR, check_run_dir, record_task_files, staged_run
 from longctx.eval.predictions import PredictionWriter, read_predictions
 from longctx.eval.scoring import score_predictions
 from longctx.eval.settings import RulerRunSettings
+from longctx.eval.thinking import THINK_END, answer_after_thinking
 
 SCORES_FORMAT = "longctx-ruler-scores/1"
 
@@ -44,22 +46,22 @@ class RunOutcome:
     scores_file: Path | None = None
 
 
-def _check_engine_room(tasks: Path, lengths: list[int], specs, n_special: int, max_model_len: int) -> None:
-    """RULER counts a sample's prompt + generation without special tokens (BOS): refuse one that, with what
-    the engine adds, does not fit the checkpoint (`tasks`: the task folder, before it is moved into the run)."""
-    if lengths[-1] + n_special <= max_model_len:
+def _check_engine_room(tasks: Path, lengths: list[int], specs, extra: int, max_model_len: int, why: str) -> None:
+    """RULER counts a sample's prompt + generation without special tokens (BOS): refuse one that, with the
+    `extra` tokens `why` names, does not fit the checkpoint (`tasks`: the task folder, before it is moved into
+    the run)."""
+    if lengths[-1] + extra <= max_model_len:
         return
     need = 0
     for s in specs:
         with open(tasks / str(lengths[-1]) / f"{s.name}.jsonl", encoding="utf-8") as f:
-            need = max([need, *(json.loads(line)["length"] + n_special for line in f)])
+            need = max([need, *(json.loads(line)["length"] + extra for line in f)])
     if need > max_model_len:
-        raise InputError(f"a {lengths[-1]}-token sample needs {need} tokens with the {n_special} special "
-                         f"token(s) the engine adds, beyond the checkpoint's {max_model_len}; use a shorter "
-                         f"length or extend the checkpoint with longctx yarn")
+        raise InputError(f"a {lengths[-1]}-token sample needs {need} tokens with {why}, beyond the checkpoint's "
+                         f"{max_model_len}; use a shorter length or extend the checkpoint with longctx yarn")
 
 
-def _requests(out: Path, lengths: list[int], specs, done: dict) -> Iterator[Request]:
+def _requests(out: Path, lengths: list[int], specs, done: dict, think_tokens: int) -> Iterator[Request]:
     for L in lengths:
         for s in specs:
             skip = done[(L, s.name)]
@@ -71,14 +73,17 @@ def _requests(out: Path, lengths: list[int], specs, done: dict) -> Iterator[Requ
                         continue
                     row = json.loads(line)
                     yield Request((L, s.name, sample, row["outputs"], row["length"]),
-                                  row["input"] + row["answer_prefix"], s.tokens_to_generate)
+                                  row["input"] + row["answer_prefix"], s.tokens_to_generate + think_tokens)
 
 
 def _predict(bk, out: Path, lengths, specs, done, pending: int, progress: bool,
-             on_prediction: Callable[[dict], None] | None) -> tuple[int, dict[int, dict[str, Any]]]:
+             on_prediction: Callable[[dict], None] | None,
+             think_tokens: int | None) -> tuple[int, dict[int, dict[str, Any]]]:
     """Generate every missing prediction, written as it arrives; returns how many were made and, per length
     that made some, its wall time (from its first request handed to the backend to its last answer), prompt
-    tokens and prompt tokens/s. Lengths are fed in order, but an engine may overlap their spans."""
+    tokens and prompt tokens/s. Lengths are fed in order, but an engine may overlap their spans.
+
+    With `think_tokens` (a thinking model), `pred` is the answer after the thought, `raw` the whole output."""
     writer = PredictionWriter()
     first: dict[int, float] = {}
     per_length: dict[int, dict[str, Any]] = {}
@@ -100,6 +105,9 @@ def _predict(bk, out: Path, lengths, specs, done, pending: int, progress: bool,
         L, task, index, outputs, length = r.key
         rec = {"index": index, "pred": text, "outputs": outputs, "length": length, "task": task, "max_length": L,
                "prompt_tokens": prompt_tokens}
+        if think_tokens is not None:
+            rec["pred"], rec["thinking_closed"] = answer_after_thinking(text)
+            rec["raw"] = text
         writer.write(out / "pred" / str(L) / f"{task}.jsonl", rec)
         count += 1
         stats = per_length.setdefault(L, {"predictions": 0, "prompt_tokens": 0})
@@ -113,7 +121,7 @@ def _predict(bk, out: Path, lengths, specs, done, pending: int, progress: bool,
 
     try:
         if pending:
-            bk.generate(fed(_requests(out, lengths, specs, done)), on_result)
+            bk.generate(fed(_requests(out, lengths, specs, done, think_tokens or 0)), on_result)
     finally:
         writer.close()
         bk.close()
@@ -138,7 +146,19 @@ def _score(out: Path, lengths, specs, files: dict) -> list[dict[str, Any]]:
             sc = score_predictions([p["pred"] for p in ordered], [p["outputs"] for p in ordered], s.metric)
             rows.append({"task": s.name, "length": L, "metric": s.metric, "score": sc.score, "nulls": sc.nulls,
                          "samples": sc.samples})
+            if any("thinking_closed" in p for p in ordered):
+                rows[-1]["unfinished_thinking"] = sum(not p.get("thinking_closed", True) for p in ordered)
     return rows
+
+
+def _check_thinking(thinks: bool, s: RulerRunSettings) -> None:
+    """A model whose chat template makes it think first needs a thinking budget (RULER's answer budgets of
+    32-128 tokens end mid-thought), or the user's word that it does not think (--think-tokens 0)."""
+    if thinks and s.think_tokens is None:
+        raise InputError(f"the chat template of '{s.checkpoint}' makes the model think before it answers, and "
+                         f"RULER's answer budgets (32-128 tokens) end mid-thought; give a thinking budget with "
+                         "--think-tokens N (e.g. 2048), turn thinking off (e.g. --chat-template-kwargs "
+                         "'{\"enable_thinking\": false}'), or pass --think-tokens 0 if this model does not think")
 
 
 def run_ruler(s: RulerRunSettings, *, engine=None, progress: bool = True, log: Callable[[str], None] | None = None,
@@ -158,6 +178,7 @@ def run_ruler(s: RulerRunSettings, *, engine=None, progress: bool = True, log: C
     from ruler_tasks.constants import UPSTREAM_COMMIT
     from ruler_tasks.prepare import load_tokenizer, prepare
     from ruler_tasks.registry import resolve_tasks
+    from ruler_tasks.templates import model_template
 
     t_start = time.perf_counter()
     say = log or (lambda _msg: None)
@@ -171,27 +192,34 @@ def run_ruler(s: RulerRunSettings, *, engine=None, progress: bool = True, log: C
 
     # Every refusal comes before anything is written to the run directory or printed: the new task files and
     # run.json are made in a staging folder and moved in once the checks that need them have passed.
-    # An openai endpoint first: an unreachable one is refused before anything is generated.
-    bk = make_backend(s, str(ckpt), 0) if s.backend == "openai" else None
+    bk = None
     try:
         tok = load_tokenizer(ckpt, s.trust_remote_code)
+        _check_thinking(model_template(s.template, tok, s.system_prompt, s.chat_template_kwargs).thinking, s)
+        thinking = None if s.think_tokens is None else s.think_tokens > 0
         fp = fingerprint(ckpt)
         n_special = special_tokens_added(tok)
+        extra = n_special + (s.think_tokens or 0)  # --think-tokens 0: a model that does not think
         ctx = rope.context_length
-        max_model_len = lengths[-1] + n_special if ctx is None else min(ctx, lengths[-1] + n_special)
-        bk = bk or make_backend(s, str(ckpt), max_model_len, engine)
+        max_model_len = lengths[-1] + extra if ctx is None else min(ctx, lengths[-1] + extra)
+        bk = make_backend(s, str(ckpt), max_model_len, engine)
         binding = {"fingerprint": fp, "tokenizer": tokenizer_fingerprint(tok), "seed": s.seed,
-                   "samples": s.samples, "template": s.template, "backend": s.backend, "sampling": SAMPLING,
-                   "engine": bk.binding()}
+                   "samples": s.samples, "template": s.template, "system_prompt": s.system_prompt,
+                   "chat_template_kwargs": s.chat_template_kwargs, "think_tokens": s.think_tokens,
+                   "backend": s.backend, "sampling": SAMPLING, "engine": bk.binding()}
         run = check_run_dir(out, binding)
         t0 = time.perf_counter()
         with staged_run(out) as stage:
             manifest = prepare(tok, lengths, [t.name for t in specs], s.samples, s.seed, s.template, s.data_dir,
-                               s.essay, s.squad, s.hotpotqa, stage.tasks, progress=progress).manifest
+                               s.essay, s.squad, s.hotpotqa, stage.tasks, progress=progress,
+                               system_prompt=s.system_prompt, chat_template_kwargs=s.chat_template_kwargs,
+                               thinking=thinking).manifest
             t_prep = time.perf_counter() - t0
             files = {f"{L}/{t.name}.jsonl": manifest["files"][f"{L}/{t.name}.jsonl"] for L in lengths for t in specs}
             record_task_files(out, run, files)
-            _check_engine_room(stage.tasks, lengths, specs, n_special, max_model_len)
+            why = f"the {n_special} special token(s) the engine adds" + (
+                f" and {s.think_tokens} thinking tokens" if s.think_tokens else "")
+            _check_engine_room(stage.tasks, lengths, specs, extra, max_model_len, why)
             run["model"] = model_info(ckpt, fp, s.trust_remote_code)
             run["backend"] = bk.settings()
             stage.commit(run)
@@ -212,7 +240,8 @@ def run_ruler(s: RulerRunSettings, *, engine=None, progress: bool = True, log: C
         say(f"max_model_len {max_model_len}; {total} samples, {reused} already predicted, {total - reused} to go "
             f"({s.backend})")
         t0 = time.perf_counter()
-        count, per_length = _predict(bk, out, lengths, specs, done, total - reused, progress, on_prediction)
+        count, per_length = _predict(bk, out, lengths, specs, done, total - reused, progress, on_prediction,
+                                     s.think_tokens or None)
         t_gen = time.perf_counter() - t0
         # what ran: this call's engine, or (everything reused) the one that made the predictions before
         before = json_object(out / "scores.json").get("backend")
@@ -221,13 +250,20 @@ def run_ruler(s: RulerRunSettings, *, engine=None, progress: bool = True, log: C
         t0 = time.perf_counter()
         rows = _score(out, lengths, specs, files)
         t_score = time.perf_counter() - t0
+        unfinished = sum(row.get("unfinished_thinking", 0) for row in rows)
+        if unfinished:
+            say(f"note: {unfinished} of {total} outputs did not close their thought ({THINK_END}) within "
+                f"--think-tokens {s.think_tokens} and score as wrong; a larger --think-tokens gives them room")
         task_set = hash_json({**{k: binding[k] for k in ("tokenizer", "seed", "samples", "template")},
                               "files": {rel: run["files"][rel] for rel in files}})
+        sampling = SAMPLING if not s.think_tokens else {
+            **SAMPLING, "think_tokens": s.think_tokens, "max_tokens": "tokens_to_generate of each task + think_tokens",
+            "answer": f"the text after the last {THINK_END} (an unfinished thought answers nothing)"}
         timings = {"prepare_s": round(t_prep, 3), "generate_s": round(t_gen, 3), "score_s": round(t_score, 3),
                    "total_s": round(time.perf_counter() - t_start, 3), "new_predictions": count,
                    "reused_predictions": reused, "per_length": {str(L): v for L, v in per_length.items()}}
         doc = {"format": SCORES_FORMAT, "model": run["model"], "backend": {**run["backend"], "ran": ran},
-               "sampling": SAMPLING, "template": manifest.get("template"),
+               "sampling": sampling, "template": manifest.get("template"),
                "upstream": f"NVIDIA/RULER@{UPSTREAM_COMMIT}", "task_set": task_set, "lengths": lengths,
                "tasks": [t.name for t in specs], "scores": rows,
                "seeds": {"tasks": s.seed, "engine": 0}, "versions": versions(),
