@@ -3,6 +3,7 @@ run-directory binding, bad inputs, and `longctx compare` over real runs."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import subprocess
@@ -96,7 +97,10 @@ def test_hf_run_resumes_without_loss_or_duplicates(ruler_checkpoint, tmp_path):
     first = lines(out / "pred" / "2048" / "niah_single_1.jsonl")
     task_index = {t: list(range(3)) for t in ("niah_single_1", "vt")}  # predictions are keyed by sample number
     assert [r["index"] for r in first] == [0, 1]
-    assert set(first[0]) == {"index", "pred", "outputs", "length", "task", "max_length", "prompt_tokens"}
+    assert set(first[0]) == {"index", "pred", "outputs", "length", "task", "max_length", "prompt_tokens",
+                             "prompt_sha256"}
+    row = lines(out / "tasks" / "2048" / "niah_single_1.jsonl")[0]
+    assert first[0]["prompt_sha256"] == hashlib.sha256((row["input"] + row["answer_prefix"]).encode()).hexdigest()
     # a kill in the middle of a write leaves a torn line: it is cut, its sample predicted again
     with open(out / "pred" / "2048" / "niah_single_1.jsonl", "a") as f:
         f.write(f'{{"index": {task_index["niah_single_1"][2]}, "pred": "torn')

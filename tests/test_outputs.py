@@ -9,7 +9,6 @@ import stat
 import subprocess
 import sys
 
-import pytest
 import yaml
 from click.testing import CliRunner
 

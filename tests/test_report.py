@@ -97,7 +97,7 @@ def test_compare_shared_tasks_lengths_parent_and_baseline(tmp_path):
         "base,90.0,80.0,,85.0,", "base-yarn4x,80.0,70.0,50.0,75.0,-20.0"]
     c2 = compare([base, child], reference=4096)
     assert "Δ8K vs 4K" in c2.markdown and "| base | 90.00 | 80.00 | - | 85.00 | -10.00 | - |  |" in c2.markdown
-    assert sorted(p.name for p in c.files) == ["compare.csv", "compare.md", "compare.png"]
+    assert sorted(p.name for p in c.files) == ["compare.csv", "compare.json", "compare.md", "compare.png"]
     with pytest.raises(InputError, match="is not a length any run has"):
         compare([base, child], reference=65536)
     with pytest.raises(InputError, match="has no results.json"):

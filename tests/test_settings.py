@@ -24,14 +24,15 @@ from longctx.recipe.load import load_recipe, parse_section
 from longctx.recipe.plan import plan
 from longctx.recipe.run import RunSettings
 from longctx.recipe.sections import MODEL_SECTIONS, STAGE_SECTIONS
-from longctx.report.settings import CompareSettings
+from longctx.report.settings import CompareSettings, ExportSettings
 from longctx.sinks.settings import SinksSettings
 from longctx.yarn.settings import YarnSettings
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 COMMANDS = {("info",): InfoSettings, ("yarn",): YarnSettings, ("init",): InitSettings, ("convert",): ConvertSettings,
             ("run",): RunSettings, ("sinks",): SinksSettings, ("extend",): ExtendSettings,
-            ("compare",): CompareSettings, ("ruler", "prepare"): PrepareSettings, ("ruler", "run"): RulerRunSettings}
+            ("compare",): CompareSettings, ("export",): ExportSettings, ("ruler", "prepare"): PrepareSettings,
+            ("ruler", "run"): RulerRunSettings}
 # Every field of every settings type set away from its default somewhere here: a new field without a sample
 # fails test_samples_cover_every_field, so the round trips below cover it.
 SAMPLES = {
@@ -55,7 +56,9 @@ SAMPLES = {
              grad_clip=0.5, save_every=100, seed=7, dtype="bfloat16", gradient_checkpointing=False, cp_size=2,
              cache_dir="cache", output="out", resume=True, overwrite=True, trust_remote_code=True),
         dict(checkpoint="ckpt", seq_len=512, data=["synthetic:mixed"], steps=10, output="out")],
-    CompareSettings: [dict(runs=["a", "b"], baseline="a", reference=4096, output="out", sinks=["a/sinks.json"])],
+    CompareSettings: [dict(runs=["a", "b"], baseline="a", reference=4096, output="out", sinks=["a/sinks.json"],
+                           layout="table5", intervals=True, parents={"b": "a"})],
+    ExportSettings: [dict(run="run", format="ruler", output="out", overwrite=True)],
     PrepareSettings: [dict(tokenizer="tok", lengths=[4096, 8192], tasks=["vt", "cwe"], samples=3, seed=1,
                            template="chat", data_dir="data", essay="essay.json", squad="squad.json",
                            hotpotqa="hf:org/hotpotqa", output="out", system_prompt="Be brief.",
@@ -64,7 +67,7 @@ SAMPLES = {
                             data_dir="data", essay="e.json", squad="s.json", hotpotqa="h.json", output="out",
                             backend="vllm", dtype="bfloat16", tensor_parallel_size=2, data_parallel_size=2,
                             gpu_memory_utilization=0.5, kv_cache_memory=8 * 10**9, enforce_eager=True,
-                            plot=False, trust_remote_code=True, system_prompt="Be brief.",
+                            plot=False, intervals=True, trust_remote_code=True, system_prompt="Be brief.",
                             chat_template_kwargs={"enable_thinking": True}, think_tokens=1024,
                             engine_args={"max_num_seqs": 16, "kv_cache_dtype": "fp8",
                                          "hf_overrides": {"rope_theta": 1e6}}),

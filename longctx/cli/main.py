@@ -20,7 +20,7 @@ from longctx.eval.settings import PrepareSettings, RulerRunSettings
 from longctx.extend.settings import ExtendSettings
 from longctx.init.settings import InitSettings
 from longctx.recipe.run import RunSettings
-from longctx.report.settings import CompareSettings
+from longctx.report.settings import CompareSettings, ExportSettings
 from longctx.sinks.settings import SinksSettings
 from longctx.yarn.settings import YarnSettings
 from ruler_tasks.errors import RulerInputError
@@ -189,6 +189,14 @@ def _compare(s: CompareSettings) -> None:
         click.echo(f"wrote {', '.join(str(p) for p in c.files)}")
 
 
+def _export(s: ExportSettings) -> None:
+    """Write a RULER run's results as lm-eval's results JSON or as NVIDIA RULER's summary.csv files."""
+
+    from longctx.report.external import export
+
+    click.echo(f"wrote {', '.join(str(p) for p in export(s))}")
+
+
 class _DefaultCommandGroup(click.Group):
     """A group whose first argument, when it is not a subcommand name, goes to `default_command`:
     `longctx ruler CKPT ...` means `longctx ruler run CKPT ...`, while `longctx ruler prepare ...` still works."""
@@ -238,7 +246,7 @@ def _ruler_run(s: RulerRunSettings) -> None:
     from longctx.report.run import write_report
 
     r = run_ruler(s, log=click.echo)
-    rep = write_report(s.output, plot=s.plot)
+    rep = write_report(s.output, plot=s.plot, intervals=s.intervals)
     _echo_report(rep)
     t = r.timings
     click.echo(f"{t['new_predictions']} new predictions ({t['reused_predictions']} reused) in {t['generate_s']:.1f} s; "
@@ -250,7 +258,8 @@ for group, name, settings, run in [
         (cli, "info", InfoSettings, _info), (cli, "yarn", YarnSettings, _yarn), (cli, "init", InitSettings, _init),
         (cli, "convert", ConvertSettings, _convert), (cli, "run", RunSettings, _run),
         (cli, "sinks", SinksSettings, _sinks), (cli, "extend", ExtendSettings, _extend),
-        (cli, "compare", CompareSettings, _compare), (ruler, "prepare", PrepareSettings, _prepare),
+        (cli, "compare", CompareSettings, _compare), (cli, "export", ExportSettings, _export),
+        (ruler, "prepare", PrepareSettings, _prepare),
         (ruler, "run", RulerRunSettings, _ruler_run)]:
     settings_command(group, name, settings, run)
 

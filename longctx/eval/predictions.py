@@ -1,15 +1,23 @@
 """Prediction JSONL per (length, task): appended and flushed per line, resumable.
 
-A line is `{"index", "pred", "outputs", "length", "task", "max_length", "prompt_tokens"}`. On reopen a
+A line is `{"index", "pred", "outputs", "length", "task", "max_length", "prompt_tokens", "prompt_sha256"}`
+(`prompt_sha256`: `prompt_hash` of the prompt sent, so runs can be paired on the same prompts; thinking models
+add `raw` and `thinking_closed`). On reopen a
 torn last line (a run killed mid-write) is cut off, and indices already present are skipped, so a
 resumed run neither loses nor duplicates a prediction.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
+
+
+def prompt_hash(prompt: str) -> str:
+    """The sha256 (hex) of a prompt as sent: `input + answer_prefix` of its task-file line."""
+    return hashlib.sha256(prompt.encode("utf-8")).hexdigest()
 
 
 def _is_record(rec) -> bool:

@@ -26,7 +26,7 @@ from longctx.core.hashing import hash_json
 from longctx.eval.backends import make_backend
 from longctx.eval.request import Request
 from longctx.eval.binding import SAMPLING, TASKS_DIR, check_run_dir, record_task_files, staged_run
-from longctx.eval.predictions import PredictionWriter, read_predictions
+from longctx.eval.predictions import PredictionWriter, prompt_hash, read_predictions
 from longctx.eval.scoring import score_predictions
 from longctx.eval.settings import RulerRunSettings
 from longctx.eval.thinking import THINK_END, answer_after_thinking
@@ -72,8 +72,9 @@ def _requests(out: Path, lengths: list[int], specs, done: dict, think_tokens: in
                     if sample in skip:
                         continue
                     row = json.loads(line)
-                    yield Request((L, s.name, sample, row["outputs"], row["length"]),
-                                  row["input"] + row["answer_prefix"], s.tokens_to_generate + think_tokens)
+                    prompt = row["input"] + row["answer_prefix"]
+                    yield Request((L, s.name, sample, row["outputs"], row["length"], prompt_hash(prompt)), prompt,
+                                  s.tokens_to_generate + think_tokens)
 
 
 def _predict(bk, out: Path, lengths, specs, done, pending: int, progress: bool,
@@ -102,9 +103,9 @@ def _predict(bk, out: Path, lengths, specs, done, pending: int, progress: bool,
 
     def on_result(r: Request, text: str, prompt_tokens: int | None) -> None:
         nonlocal count
-        L, task, index, outputs, length = r.key
+        L, task, index, outputs, length, prompt_sha = r.key
         rec = {"index": index, "pred": text, "outputs": outputs, "length": length, "task": task, "max_length": L,
-               "prompt_tokens": prompt_tokens}
+               "prompt_tokens": prompt_tokens, "prompt_sha256": prompt_sha}
         if think_tokens is not None:
             rec["pred"], rec["thinking_closed"] = answer_after_thinking(text)
             rec["raw"] = text

@@ -41,6 +41,19 @@ def string_match_part(preds: Sequence[str], refs: Sequence[Sequence[str]]) -> fl
 _METRIC_FNS = {"string_match_all": string_match_all, "string_match_part": string_match_part}
 
 
+def sample_scores(raw_preds: Sequence[str], refs: Sequence[Sequence[str]], metric: str) -> list[float]:
+    """Each sample's score (0-100) under `metric`, post-processed as upstream: their mean is the task's score
+    before rounding (what intervals and paired differences are computed from)."""
+    if metric not in _METRIC_FNS:
+        raise ValueError(f"unknown metric '{metric}' (known: {', '.join(METRICS)})")
+    out = []
+    for raw, ref in zip(raw_preds, refs):
+        pred = postprocess_pred(raw).lower()
+        hits = [1.0 if r.lower() in pred else 0.0 for r in ref]
+        out.append((sum(hits) / len(hits) if metric == "string_match_all" else max(hits)) * 100)
+    return out
+
+
 @dataclass(frozen=True)
 class TaskScore:
     score: float | None  # 0-100, 2 decimals; None when there is no prediction

@@ -114,6 +114,8 @@ class RulerRunSettings(RulerTaskSettings):
                                        "scored is the text after the last </think> (needed when the chat "
                                        "template makes the model think; 0: this model does not think).")
     plot: bool = setting(True, Bool(), "Write results.png (needs longctx[plot]).", flag="--plot/--no-plot")
+    intervals: bool = setting(False, Bool(), "Tables show each score as score ± the half-width of its 95% interval.",
+                              flag="--intervals/--no-intervals")
 
     def check(self) -> None:
         super().check()

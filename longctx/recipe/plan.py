@@ -173,8 +173,9 @@ def plan(recipe: Recipe, out: Path) -> list[Step]:
         baseline = str(ruler_runs[c.baseline][-1]) if c.baseline else None
         train_logs = [str(s.outputs[0]) for s in steps if s.stage in TRAIN_STAGES]
         job = CompareSettings(runs=[str(r) for r in runs], baseline=baseline, reference=c.reference,
-                              output=str(out / "compare"))
-        settings = {"reference": c.reference, "baseline": baseline, "train_logs": train_logs}
+                              output=str(out / "compare"), layout=c.layout, intervals=c.intervals)
+        settings = {"reference": c.reference, "baseline": baseline, "train_logs": train_logs, "layout": c.layout,
+                    "intervals": c.intervals}
         steps.append(Step(None, "compare", out / "compare", settings, runs, [out / "compare"], [job]))
     return steps
 

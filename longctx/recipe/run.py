@@ -159,7 +159,7 @@ def _run_ruler(step: Step, log: Callable[[str], None]) -> None:
     for job in step.jobs:
         log(f"ruler {Path(job.output).name}")
         run_ruler(job, log=log)
-        log(write_report(job.output, plot=job.plot).markdown.split("\n\n")[0])
+        log(write_report(job.output, plot=job.plot, intervals=job.intervals).markdown.split("\n\n")[0])
 
 
 def _run_sinks(step: Step, log: Callable[[str], None]) -> None:

@@ -7,11 +7,12 @@ from dataclasses import dataclass
 
 from longctx.convert.settings import ConvertSettings
 from longctx.core.errors import ref
-from longctx.core.kinds import Choice, Int, Length, Names, Text
+from longctx.core.kinds import Bool, Choice, Int, Length, Names, Text
 from longctx.core.settings import Settings, setting
 from longctx.eval.settings import RulerRunSettings
 from longctx.extend.settings import ExtendSettings
 from longctx.init.settings import InitSettings
+from longctx.report.settings import LAYOUTS
 from longctx.sinks.settings import SinksSettings
 from longctx.yarn.settings import YarnSettings
 
@@ -57,6 +58,8 @@ class CompareStage(Settings):
     reference: int | None = setting(None, Length(), "Degradation columns against this length [default: the longest "
                                                     "pre-extension length].", cli=None)
     baseline: str | None = setting(None, Text(), "Model whose last run every other run is compared with.", cli=None)
+    layout: str = setting("default", Choice(LAYOUTS, "layout"), "default or table5 (the paper's Table 5).", cli=None)
+    intervals: bool = setting(False, Bool(), "Scores as score ± the half-width of their 95% interval.", cli=None)
 
 
 STAGE_SECTIONS: dict[str, type[Settings]] = {"pretrain": ExtendSettings, "extend": ExtendSettings,

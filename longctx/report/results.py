@@ -7,24 +7,38 @@ Aggregation follows NVIDIA/RULER's README @ c3f5e3b: per length the unweighted m
 that length; `Avg.` the mean over lengths; `wAvg (inc)` weights 1..n/sum and `wAvg (dec)` n..1/sum over
 the lengths in ascending order; effective length the longest length whose mean is >= 85.6
 (Llama2-7B-chat at 4K). Every number is 0-100 and rounded to 2 decimals.
+
+`intervals` (added by `with_intervals` from the run's per-sample scores, null when the run directory does not
+hold them): per (task, length) and per length mean the standard error and 95% interval of `stats`, and the
+method and seed they were computed with.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NotRequired, Protocol, TypedDict
 
 from longctx.checkpoint.describe import ModelInfo
 from longctx.core.clock import utc_timestamp
 from longctx.core.errors import InputError
 from longctx.core.files import read_versioned_json
+from longctx.report import stats
 
 RESULTS_FORMAT = "longctx-ruler-results/1"
 SCORES_FILE = "scores.json"
 RESULTS_FILE = "results.json"
 THRESHOLD = 85.6  # Llama2-7B-chat at 4K: RULER's effective-length threshold
+
+
+class Intervals(TypedDict):
+    """`results.json`'s "intervals": {"se", "lo", "hi"} (`stats.Interval.as_dict`) per cell and per length."""
+
+    method: dict[str, Any]  # stats.METHOD: how se and the interval were computed, and the seed
+    scores: dict[str, dict[int, dict[str, float] | None]]  # task -> length -> se/lo/hi of its score
+    per_length: dict[int, dict[str, float] | None]  # length -> se/lo/hi of the mean over tasks
 
 
 class Results(TypedDict):
@@ -55,7 +69,7 @@ class Results(TypedDict):
     task_versions: dict[str, str]
     timings: dict[str, float | int | None]
     created: str
-
+    intervals: NotRequired[Intervals | None]  # absent in results.json files written before intervals existed
 
 
 def mean(values: list[float]) -> float | None:
@@ -158,6 +172,25 @@ def _results_problem(doc: dict) -> str | None:
         return "'per_length' is not numbers by length"
     if not all(_number(doc[k]) for k in ("avg", "wavg_inc", "wavg_dec", "effective_length")):
         return "'avg', 'wavg_inc', 'wavg_dec' and 'effective_length' are not numbers or null"
+    return _intervals_problem(doc.get("intervals"))
+
+
+def _bounds(v: Any) -> bool:
+    return v is None or (isinstance(v, dict) and all(k in v and v[k] is not None and _number(v[k])
+                                                      for k in ("se", "lo", "hi")))
+
+
+def _by_length(v: Any) -> bool:
+    return isinstance(v, dict) and all(_length(k) and _bounds(b) for k, b in v.items())
+
+
+def _intervals_problem(iv: Any) -> str | None:
+    """What a results.json's optional 'intervals' lacks (None: nothing, or no intervals)."""
+    if iv is None:
+        return None
+    if not (isinstance(iv, dict) and isinstance(iv.get("method"), dict) and isinstance(iv.get("scores"), dict)
+            and all(_by_length(row) for row in iv["scores"].values()) and _by_length(iv.get("per_length"))):
+        return "'intervals' is not se/lo/hi by task and length, per length, and a method"
     return None
 
 
@@ -200,11 +233,72 @@ def build_results(scores_doc: dict[str, Any]) -> Results:
     )
 
 
+class _Scored(Protocol):
+    scores: Sequence[float]  # per sample, 0-100 (`samples.Cell`)
+
+
+Samples = Mapping[str, Mapping[int, _Scored]]  # task -> length -> per-sample scores (`samples.run_samples`)
+ROUNDING = 0.005  # a task's score is its sample mean rounded to 2 decimals
+
+
+def intervals_problem(results: Results, samples: Samples) -> str | None:
+    """Why `samples` do not describe `results`' scores (None: they do): a scored (task, length) without
+    per-sample scores, or whose sample mean is not its score (predictions changed after scoring)."""
+    for t in results["tasks"]:
+        for L in results["lengths"]:
+            score = results["scores"][t].get(L)
+            if score is None:
+                continue
+            cell = samples.get(t, {}).get(L)
+            if cell is None or not cell.scores:
+                return f"{t} at {L} has no per-sample scores"
+            m = sum(cell.scores) / len(cell.scores)
+            if abs(m - score) > ROUNDING + 1e-9:
+                return f"the predictions of {t} at {L} score {m:.2f}, not the {score:.2f} of {SCORES_FILE}"
+    return None
+
+
+def _bounds_of(iv: stats.Interval, shown: float) -> dict[str, float]:
+    # widened by the score's rounding (at most ROUNDING per task) so that lo <= score <= hi holds for the
+    # rounded score the tables show, not only for the unrounded mean
+    d = iv.as_dict()
+    return {**d, "lo": min(d["lo"], shown), "hi": max(d["hi"], shown)}
+
+
+def with_intervals(results: Results, samples: Samples | None) -> Results:
+    """`results` with "intervals" from the run's per-sample scores (`samples.run_samples`); null intervals when
+    `samples` is None. A length's mean gets an interval only when every task was scored at it.
+    ValueError when `intervals_problem` finds a problem."""
+    if samples is None:
+        return Results(**{**results, "intervals": None})  # type: ignore[typeddict-item]
+    problem = intervals_problem(results, samples)
+    if problem is not None:
+        raise ValueError(problem)
+    tasks, lengths = results["tasks"], results["lengths"]
+    scores: dict[str, dict[int, dict[str, float] | None]] = {t: {} for t in tasks}
+    for t in tasks:
+        for L in lengths:
+            score = results["scores"][t].get(L)
+            scores[t][L] = None if score is None else _bounds_of(stats.interval([samples[t][L].scores]), score)
+    per_length: dict[int, dict[str, float] | None] = {}
+    for L in lengths:
+        every = all(results["scores"][t].get(L) is not None for t in tasks)
+        shown = results["per_length"].get(L)
+        per_length[L] = (_bounds_of(stats.interval([samples[t][L].scores for t in tasks]), shown)
+                         if every and shown is not None else None)
+    iv = Intervals(method=dict(stats.METHOD), scores=scores, per_length=per_length)
+    return Results(**{**results, "intervals": iv})  # type: ignore[typeddict-item]
+
+
 def to_json(results: Results) -> dict:
     out = dict(results)
     for key in ("scores", "nulls", "samples"):
         out[key] = {t: {str(L): v for L, v in row.items()} for t, row in results[key].items()}
     out["per_length"] = {str(L): v for L, v in results["per_length"].items()}
+    iv = results.get("intervals")
+    if iv is not None:
+        out["intervals"] = {**iv, "scores": {t: {str(L): v for L, v in row.items()} for t, row in iv["scores"].items()},
+                            "per_length": {str(L): v for L, v in iv["per_length"].items()}}
     return out
 
 
@@ -224,4 +318,8 @@ def load_results(run_dir: str | os.PathLike) -> Results:
     for key in ("scores", "nulls", "samples"):
         doc[key] = {t: _int_keys(row) for t, row in doc[key].items()}
     doc["per_length"] = _int_keys(doc["per_length"])
+    iv = doc.get("intervals")
+    if iv is not None:
+        iv["scores"] = {t: _int_keys(row) for t, row in iv["scores"].items()}
+        iv["per_length"] = _int_keys(iv["per_length"])
     return doc  # type: ignore[return-value]

@@ -59,13 +59,13 @@ def layer_markdown(r: SinksResults) -> str:
     return "\n".join(lines)
 
 
-def plot_sinks(runs: Sequence[SinksResults | str | os.PathLike], out: str | os.PathLike,
-               names: Sequence[str] | None = None) -> Path:
-    """Two panels, one line per checkpoint: first-token attention by layer, M-Act by layer (log scale).
-    `runs` are results or sinks.json paths (or their directories)."""
+def sinks_figure(runs: Sequence[SinksResults | str | os.PathLike], names: Sequence[str] | None = None):
+    """(figure, (first-token axes, M-Act axes)) of `plot_sinks`, not saved."""
     docs = [r if isinstance(r, dict) else load_sinks(r) for r in runs]
     names = names or [d["model"].get("name", "?") for d in docs]
-    fig, (ax1, ax2) = new_figure(ncols=2, size=(10, 4))
+    fig, (ax1, ax2) = new_figure(ncols=2, size=(10, 4))  # InputError without matplotlib, before its imports
+    from matplotlib.ticker import MaxNLocator
+
     for name, d in zip(names, docs):
         layers = list(range(d["layers"]))
         ax1.plot(layers, d["first_token_attention"], marker="o", markersize=3, label=name)
@@ -78,8 +78,17 @@ def plot_sinks(runs: Sequence[SinksResults | str | os.PathLike], out: str | os.P
     ax2.set_title("Massive activations (M-Act)")
     for ax in (ax1, ax2):
         ax.set_xlabel("layer")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers are whole: no 0.2, 0.4, ... ticks
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+    return fig, (ax1, ax2)
+
+
+def plot_sinks(runs: Sequence[SinksResults | str | os.PathLike], out: str | os.PathLike,
+               names: Sequence[str] | None = None) -> Path:
+    """Two panels, one line per checkpoint: first-token attention by layer, M-Act by layer (log scale).
+    `runs` are results or sinks.json paths (or their directories)."""
+    fig, _ = sinks_figure(runs, names)
     return save_figure(fig, out)
 
 

@@ -1,0 +1,252 @@
+"""RULER results in the files other tools write and read: lm-eval's results JSON and NVIDIA RULER's summary.csv.
+
+Written by `longctx export RUN --format lm-eval|ruler`, read back (point scores only) by `longctx compare`, so a
+published lm-eval or RULER result sits beside a longctx run.
+
+- lm-eval (`lm_eval --output_path`, EleutherAI/lm-evaluation-harness `lm_eval/tasks/ruler`): one JSON file;
+  `results[<task>]["<length>,none"]` is the score at that length on a 0-1 scale (`"<length>_stderr,none"` its
+  standard error), task names as lm-eval's `ruler` group names them (`niah_*` as they are, `ruler_vt`,
+  `ruler_cwe`, `ruler_fwe`, `ruler_qa_squad`, `ruler_qa_hotpot`), the group `ruler` the mean over tasks
+  (lm-eval's `aggregate_metric_list`, not weighted by size). A file may carry the group alone (a published
+  table): then only per-length means are known.
+- RULER (`scripts/eval/evaluate.py` @ c3f5e3b): per length a `summary.csv` written by pandas from the rows
+  `Tasks,<task>...`, `Score,<0-100>...`, `Nulls,<empty>/<samples>...` (so its first line is the column numbers
+  0..N); RULER keeps one per length in `<length>/pred/`, here `OUT/<length>/summary.csv`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from longctx.core.clock import utc_timestamp
+from longctx.core.errors import InputError
+from longctx.core.files import write_atomic
+from longctx.report.results import RESULTS_FORMAT, THRESHOLD, Results, aggregate, per_length_means
+
+GROUP = "ruler"
+# longctx's task names (RULER's synthetic.yaml) -> lm-eval's
+LM_EVAL_NAMES = {"vt": "ruler_vt", "cwe": "ruler_cwe", "fwe": "ruler_fwe", "qa_1": "ruler_qa_squad",
+                 "qa_2": "ruler_qa_hotpot"}
+_FROM_LM_EVAL = {v: k for k, v in LM_EVAL_NAMES.items()}
+NOTE = ("scores follow NVIDIA RULER's metrics (scripts/eval/synthetic/constants.py): string_match_part counts a "
+        "sample when any reference is in the prediction; lm-eval's ruler tasks average the matched fraction "
+        "instead, so its own string_match_part numbers can be lower")
+_KEY = re.compile(r"^(\d+),none$")
+
+
+def _lm_eval_name(task: str) -> str:
+    return LM_EVAL_NAMES.get(task, task)
+
+
+def _unit(v: float | None) -> float | None:
+    return None if v is None else round(v / 100, 6)
+
+
+def lm_eval_json(r: Results) -> dict[str, Any]:
+    """lm-eval's results JSON for the run `r`."""
+    intervals = r.get("intervals") or {}
+    se_cells = intervals.get("scores") or {}
+    se_lengths = intervals.get("per_length") or {}
+    results: dict[str, dict[str, Any]] = {}
+    samples: dict[str, dict[str, int]] = {}
+    for t in r["tasks"]:
+        name = _lm_eval_name(t)
+        entry: dict[str, Any] = {"alias": name}
+        for L in r["lengths"]:
+            if r["scores"][t].get(L) is None:
+                continue
+            cell = (se_cells.get(t) or {}).get(L)
+            entry[f"{L},none"] = _unit(r["scores"][t][L])
+            entry[f"{L}_stderr,none"] = _unit(cell["se"]) if cell else "N/A"
+        results[name] = entry
+        counts = [n for n in r["samples"][t].values() if n]
+        if counts:
+            samples[name] = {"original": max(counts), "effective": max(counts)}
+    group: dict[str, Any] = {"alias": GROUP}
+    for L in r["lengths"]:
+        if r["per_length"].get(L) is None:
+            continue
+        cell = se_lengths.get(L)
+        group[f"{L},none"] = _unit(r["per_length"][L])
+        group[f"{L}_stderr,none"] = _unit(cell["se"]) if cell else "N/A"
+    results[GROUP] = group
+    names = [_lm_eval_name(t) for t in r["tasks"]]
+    model = r["model"]
+    return {"results": results, "groups": {GROUP: group}, "group_subtasks": {GROUP: names},
+            "versions": {_lm_eval_name(t): r["task_versions"].get(t) for t in r["tasks"]},
+            "n-samples": samples, "higher_is_better": {n: {str(L): True for L in r["lengths"]} for n in names},
+            "config": {"model": f"longctx-{r['backend'].get('name', '?')}",
+                       "model_args": f"pretrained={model.get('path') or model.get('name')}"},
+            "model_name": model.get("name"), "date": r.get("created"),
+            "longctx": {"note": NOTE, "upstream": r.get("upstream"), "fingerprint": model.get("fingerprint")}}
+
+
+def ruler_summaries(r: Results) -> dict[int, str]:
+    """length -> RULER's summary.csv text for that length (the tasks scored there, in the run's order)."""
+    out = {}
+    for L in r["lengths"]:
+        tasks = [t for t in r["tasks"] if r["scores"][t].get(L) is not None]
+        if not tasks:
+            continue
+        rows = [["Tasks", *tasks], ["Score", *[r["scores"][t][L] for t in tasks]],
+                ["Nulls", *[f"{r['nulls'][t][L] or 0}/{r['samples'][t][L] or 0}" for t in tasks]]]
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(range(len(tasks) + 1))  # pandas' header: the column numbers
+        w.writerows(rows)
+        out[L] = buf.getvalue()
+    return out
+
+
+def export_run(r: Results, fmt: str, out: Path) -> list[Path]:
+    """Write `r` in format `fmt` to `out` (lm-eval: a JSON file; ruler: a folder of <length>/summary.csv)."""
+    if fmt == "lm-eval":
+        write_atomic(out, json.dumps(lm_eval_json(r), indent=2) + "\n")
+        return [out]
+    files = []
+    for L, text in ruler_summaries(r).items():
+        (out / str(L)).mkdir(parents=True, exist_ok=True)
+        files.append(write_atomic(out / str(L) / "summary.csv", text))
+    return files
+
+
+def _from_scores(name: str, source: str, path: Path, scores: dict[str, dict[int, float | None]],
+                 nulls: dict[str, dict[int, int | None]], samples: dict[str, dict[int, int | None]],
+                 lengths: list[int], per_length: dict[int, float | None] | None = None) -> Results:
+    """A `Results` of point scores from another tool's file (no predictions, no intervals)."""
+    from ruler_tasks.registry import TASKS
+
+    tasks = list(scores)
+    per_length = per_length if per_length is not None else per_length_means(scores, lengths, tasks)
+    return Results(format=RESULTS_FORMAT, model={"name": name, "path": str(path), "source": source},
+                   backend={"name": source}, sampling={}, template={}, upstream="", task_set="", lengths=lengths,
+                   tasks=tasks, metrics={t: TASKS[t].metric if t in TASKS else "" for t in tasks}, scores=scores,
+                   nulls=nulls, samples=samples, per_length=per_length, **aggregate(per_length), threshold=THRESHOLD,
+                   seeds={}, versions={}, task_versions={}, timings={}, created=utc_timestamp())
+
+
+def read_lm_eval(path: Path) -> Results:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        results = doc["results"]
+        if not isinstance(results, dict):
+            raise TypeError
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+        raise InputError(f"'{path}' is not an lm-eval results file (a JSON object with 'results')") from None
+    scores: dict[str, dict[int, float | None]] = {}
+    group: dict[int, float | None] = {}
+    for name, entry in results.items():
+        if not isinstance(entry, dict):
+            continue
+        cells = {int(m.group(1)): v * 100 for k, v in entry.items()
+                 if (m := _KEY.match(k)) and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if not cells:
+            continue
+        if name == GROUP:
+            group = {L: round(v, 2) for L, v in cells.items()}
+        else:
+            scores[_FROM_LM_EVAL.get(name, name)] = {L: round(v, 2) for L, v in cells.items()}
+    if not scores and not group:
+        raise InputError(f"'{path}' has no RULER scores (no '<length>,none' entries under 'results')")
+    lengths = sorted({L for cells in scores.values() for L in cells} | set(group))
+    for cells in scores.values():
+        for L in lengths:
+            cells.setdefault(L, None)
+    n = doc.get("n-samples") if isinstance(doc.get("n-samples"), dict) else {}
+    counts = {t: (n.get(LM_EVAL_NAMES.get(t, t)) or {}).get("effective") for t in scores}
+    samples = {t: {L: counts[t] if scores[t][L] is not None else None for L in lengths} for t in scores}
+    nulls = {t: {L: None for L in lengths} for t in scores}
+    config = doc.get("config") if isinstance(doc.get("config"), dict) else {}
+    args = str(config.get("model_args") or "")
+    name = doc.get("model_name") or (re.search(r"pretrained=([^,]+)", args) or [None, None])[1] or path.stem
+    # a group-only file (a published table) knows the per-length means and nothing else
+    return _from_scores(str(name), "lm-eval", path, scores, nulls, samples, lengths,
+                        {L: group.get(L) for L in lengths} if group and not scores else None)
+
+
+def _read_summary(path: Path) -> tuple[dict[str, float | None], dict[str, int | None], dict[str, int | None]]:
+    try:
+        rows = list(csv.reader(io.StringIO(path.read_text(encoding="utf-8"))))
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read '{path}' ({e.__class__.__name__})") from None
+    by_name = {row[0]: row[1:] for row in rows if row}
+    if "Tasks" not in by_name or "Score" not in by_name:
+        raise InputError(f"'{path}' is not a RULER summary.csv (it has no 'Tasks' and 'Score' rows)")
+    tasks, values = by_name["Tasks"], by_name["Score"]
+    null_cells = by_name.get("Nulls", [""] * len(tasks))
+    scores, nulls, samples = {}, {}, {}
+    for t, v, nl in zip(tasks, values, null_cells):
+        try:
+            scores[t] = round(float(v), 2)
+        except ValueError:
+            raise InputError(f"'{path}': the score of {t} is not a number ({v!r})") from None
+        k, _, m = nl.partition("/")
+        nulls[t] = int(k) if k.isdigit() else None
+        samples[t] = int(m) if m.isdigit() else None
+    return scores, nulls, samples
+
+
+def read_ruler(path: Path) -> Results:
+    """A folder of `<length>/summary.csv` (or RULER's `<length>/pred/summary.csv`)."""
+    found = {}
+    for child in path.iterdir() if path.is_dir() else []:
+        if child.is_dir() and child.name.isdigit():
+            for f in (child / "summary.csv", child / "pred" / "summary.csv"):
+                if f.is_file():
+                    found[int(child.name)] = f
+                    break
+    if not found:
+        raise InputError(f"'{path}' holds no RULER results (<length>/summary.csv or <length>/pred/summary.csv)")
+    lengths = sorted(found)
+    per = {L: _read_summary(found[L]) for L in lengths}
+    tasks = list(dict.fromkeys(t for L in lengths for t in per[L][0]))
+    cell = lambda i: {t: {L: per[L][i].get(t) for L in lengths} for t in tasks}  # noqa: E731
+    return _from_scores(path.name, "ruler", path, cell(0), cell(1), cell(2), lengths)
+
+
+def load_run(path: str | os.PathLike) -> tuple[Results, Path | None]:
+    """A run to compare and, when it is a longctx run directory, that directory (its predictions give intervals
+    and paired differences): a longctx run directory (results.json), an lm-eval results file, or a folder of
+    RULER summary.csv files."""
+    from longctx.report.results import RESULTS_FILE, load_results
+
+    p = Path(path)
+    if p.is_dir() and (p / RESULTS_FILE).is_file():
+        return load_results(p), p
+    if p.is_file() and p.suffix == ".json":
+        return read_lm_eval(p), None
+    if p.is_dir() and any(c.is_dir() and c.name.isdigit() for c in p.iterdir()):
+        return read_ruler(p), None
+    return load_results(p), p  # its own message: what is missing
+
+
+EXPORT_KIND = "ruler-export"  # its `longctx.core.files` output marker (a folder of summary.csv files)
+
+
+def export(s) -> list[Path]:
+    """`longctx export` (`s`: ExportSettings): the run's results in another tool's format; refusals before any
+    file is written."""
+    from longctx.core.files import check_output, file_in_the_way, make_output
+    from longctx.report.results import load_results
+
+    run, out = Path(s.run), Path(s.output)
+    results = load_results(run)
+    if s.format == "lm-eval":
+        if out.is_dir():
+            raise InputError(f"-o '{out}' is a folder; lm-eval results are one JSON file: give a file path")
+        found = file_in_the_way(out.parent)
+        if found is not None:
+            raise InputError(f"-o '{out}' lies under '{found}', which is a file, not a folder; choose another -o")
+        if out.exists() and not s.overwrite:
+            raise InputError(f"'{out}' exists; pass --overwrite to replace it")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return export_run(results, s.format, out)
+    check_output(out, EXPORT_KIND, inputs=[("run", run)])
+    make_output(out, EXPORT_KIND)
+    return export_run(results, s.format, out)
