@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from longctx import __version__
 from longctx.cli.main import cli
 
-VERBS = ["compare", "convert", "extend", "info", "init", "ruler", "run", "sinks", "yarn"]
+VERBS = ["compare", "convert", "export", "extend", "info", "init", "ruler", "run", "sinks", "yarn"]
 
 
 def run(*args):

@@ -68,7 +68,8 @@ def test_export_refusals_are_one_line(tmp_path):
     d, _ = _run(tmp_path, "run", _scores_doc("tiny", "fp", PER_TASK))
     (tmp_path / "afile").write_text("x")
     for args, message in [
-            ([tmp_path / "none", "--format", "ruler", "-o", tmp_path / "o"], "is not a directory (give a run directory"),
+            ([tmp_path / "none", "--format", "ruler", "-o", tmp_path / "o"],
+             "is not a directory (give a run directory"),
             ([d, "--format", "csv", "-o", tmp_path / "o"], "unknown format 'csv'; choose one of lm-eval, ruler"),
             ([d, "--format", "ruler", "-o", tmp_path / "afile"], "is a file, not a folder"),
             ([d, "--format", "lm-eval", "-o", tmp_path / "afile" / "r.json"], "which is a file, not a folder"),

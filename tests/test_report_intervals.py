@@ -92,7 +92,8 @@ def test_predictions_that_are_not_the_scores_give_no_intervals(tiny_run, tmp_pat
     pred.write_text("".join(json.dumps(rec) + "\n" for rec in recs))
     rep = write_report(d, plot=False, intervals=True)
     assert load_results(d)["intervals"] is None
-    assert any("no intervals: the predictions of vt at 1024 score" in n for n in rep.notes)
+    said = "no intervals: its predictions do not give its scores (the predictions of vt at 1024 score"
+    assert any(said in n for n in rep.notes)
     assert "Note: no intervals:" in rep.markdown and "±" not in rep.markdown
     assert len((d / "results.csv").read_text().splitlines()) == 4
 
@@ -105,7 +106,7 @@ def test_results_without_predictions_or_an_older_results_json(tmp_path):
     (d / "scores.json").write_text(json.dumps(_scores_doc("m", "fp", {"vt": {4096: 90.0, 8192: 60.0}})))
     rep = write_report(d, plot=False, intervals=True)
     assert load_results(d)["intervals"] is None and json.loads((d / RESULTS_FILE).read_text())["intervals"] is None
-    assert any("no intervals: the run directory does not hold every prediction" in n for n in rep.notes)
+    assert any("no intervals: its run directory does not hold every prediction" in n for n in rep.notes)
     assert "| vt | string_match_all | 90.00 | 60.00 |" in rep.markdown
     # a results.json written before intervals existed loads, and its tables and plot series have none
     doc = json.loads((d / RESULTS_FILE).read_text())

@@ -36,7 +36,7 @@ from longctx.core.kinds import did_you_mean
 from longctx.core.units import length_label
 from longctx.report import stats
 from longctx.report.external import load_run
-from longctx.report.results import Results, intervals_problem, mean, per_length_means
+from longctx.report.results import Results, mean, per_length_means
 from longctx.report.settings import CompareSettings
 from longctx.report.tables import fmt, fmt_pm, markdown_row
 
@@ -232,21 +232,13 @@ Samples = dict[str, dict[int, Any]]  # task -> length -> `samples.Cell`
 
 def _run_samples(run_dir: Path | None, results: Results, tasks: list[str]) -> tuple[Samples | None, str | None]:
     """The run's per-sample scores and prompt hashes, or (None, why not)."""
-    from longctx.report.samples import run_samples
+    from longctx.report.samples import scored_samples
 
     if run_dir is None:
         return None, f"results from {results['model'].get('source', 'another tool')} hold no per-sample scores"
     if not tasks:
         return None, "the runs are compared on per-length means only"
-
-    try:
-        samples = run_samples(run_dir, results)
-    except (ValueError, KeyError, TypeError) as e:  # a prediction file another tool wrote, an unknown metric
-        return None, f"its predictions could not be scored one by one ({e.__class__.__name__}: {e})"
-    if samples is None:
-        return None, "its run directory does not hold every prediction and its prompt"
-    problem = intervals_problem(results, samples)
-    return (None, f"its predictions do not give its scores ({problem})") if problem else (samples, None)
+    return scored_samples(run_dir, results)
 
 
 def _cell_scores(samples: Samples, table: _Table, n: str, tasks: list[str], L: int) -> list[list[float]]:

@@ -11,16 +11,8 @@ from longctx.checkpoint.describe import sliding_note
 from longctx.core.errors import InputError
 from longctx.core.files import write_atomic, write_json
 from longctx.report.plots import plot_results
-from longctx.report.results import (
-    RESULTS_FILE,
-    Results,
-    build_results,
-    intervals_problem,
-    read_scores,
-    to_json,
-    with_intervals,
-)
-from longctx.report.samples import run_samples
+from longctx.report.results import RESULTS_FILE, Results, build_results, read_scores, to_json, with_intervals
+from longctx.report.samples import scored_samples
 from longctx.report.tables import summary_markdown, task_csv, task_markdown
 
 
@@ -34,25 +26,13 @@ class Report:
     notes: list[str] = field(default_factory=list)
 
 
-def _samples(run: Path, results: Results):
-    """(per-sample scores or None, why None)."""
-    try:
-        samples = run_samples(run, results)
-    except (ValueError, KeyError, TypeError) as e:  # a prediction file another tool wrote, an unknown metric
-        return None, f"its predictions could not be scored one by one ({e.__class__.__name__}: {e})"
-    if samples is None:
-        return None, "the run directory does not hold every prediction and its prompt"
-    problem = intervals_problem(results, samples)
-    return (None, problem) if problem else (samples, None)
-
-
 def write_report(run_dir: str | os.PathLike, plot: bool = True, intervals: bool = False) -> Report:
     """Turn `run_dir/scores.json` into results.json, results.md, results.csv and results.png. results.json and
     results.csv always carry the 95% intervals when the predictions are there to compute them from;
     `intervals` also shows them in results.md as `score ± half-width`."""
     run = Path(run_dir)
     results = build_results(read_scores(run))
-    samples, why = _samples(run, results)
+    samples, why = scored_samples(run, results)
     results = with_intervals(results, samples)
     rep = Report(results)
     if why:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from longctx.eval.predictions import prompt_hash, read_predictions
 from longctx.eval.scoring import sample_scores
-from longctx.report.results import Results
+from longctx.report.results import Results, intervals_problem
 
 
 @dataclass(frozen=True)
@@ -58,3 +58,16 @@ def run_samples(run_dir: str | Path, results: Results) -> dict[str, dict[int, Ce
             scores = sample_scores([r["pred"] for r in recs], [r["outputs"] for r in recs], results["metrics"][t])
             out.setdefault(t, {})[L] = Cell(scores, hashes)
     return out
+
+
+def scored_samples(run_dir: str | Path, results: Results) -> tuple[dict[str, dict[int, Cell]] | None, str | None]:
+    """(`run_samples`, None) when the run's predictions give exactly its scores, else (None, why not) — what
+    intervals and paired differences may be computed from."""
+    try:
+        samples = run_samples(run_dir, results)
+    except (ValueError, KeyError, TypeError) as e:  # a prediction file another tool wrote, an unknown metric
+        return None, f"its predictions could not be scored one by one ({e.__class__.__name__}: {e})"
+    if samples is None:
+        return None, "its run directory does not hold every prediction and its prompt"
+    problem = intervals_problem(results, samples)
+    return (None, f"its predictions do not give its scores ({problem})") if problem else (samples, None)
