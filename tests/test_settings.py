@@ -50,7 +50,7 @@ SAMPLES = {
                          batch_size=2, chunk=64, dtype="float32", device="cpu", seed=1, plot=False,
                          trust_remote_code=True)],
     ExtendSettings: [
-        dict(checkpoint="ckpt", seq_len=32768, data=["synthetic:mixed", "hf:org/long"], rope_base=1e6,
+        dict(checkpoint="ckpt", seq_len=32768, packing="whole", data=["synthetic:mixed", "hf:org/long"], rope_base=1e6,
              short_data=["synthetic:vt"], short_fraction=0.4, tokens=80 * 10**9, tokens_per_step=4 * 2**20,
              micro_batch_size=2, lr=3e-5, warmup_fraction=0.05, min_lr_ratio=0.2, weight_decay=0.01, beta2=0.99,
              grad_clip=0.5, save_every=100, seed=7, dtype="bfloat16", gradient_checkpointing=False, cp_size=2,

@@ -278,7 +278,7 @@ def extend(s: ExtendSettings, progress: bool = True) -> ExtendResult:
 
     with acc.main_process_first():
         ds = build_packed_dataset(s.data, tokenizer, s.seq_len, num_tokens=plan.total_tokens, short_specs=s.short_data,
-                                  short_fraction=s.short_fraction, seed=s.seed,
+                                  short_fraction=s.short_fraction, seed=s.seed, packing=s.packing,
                                   cache_dir=Path(s.cache_dir) if s.cache_dir else cache_dir() / "data", log=log)
     resume_from = _start_work(acc, s, work, saved, source_fp, ds)
     parts = _optimizer(make_training_module(lm, flatten_batch=attn == "flash_attention_2"), s, acc, plan)

@@ -1,8 +1,10 @@
 """Packing for `extend`: tokenized documents into `seq_len` sequences with document masking.
 
 Packing (deterministic given the seed): documents longer than `seq_len` are cut into `seq_len`
-pieces; all pieces of both pools are shuffled together and packed first-fit into sequences (a few
-sequences stay open, so short pieces fill the gaps long ones leave); the unfilled tail is padding.
+pieces and all pieces of both pools are shuffled together. `split` (the default) lays them end to end and
+cuts every `seq_len` tokens, so a piece that does not fit the rest of a sequence continues at the start of
+the next one and only the last sequence has padding; `whole` packs whole pieces first-fit into sequences
+(a few stay open, so short pieces fill the gaps long ones leave) and the unfilled tails are padding.
 `position_ids` restart at 0 at every piece: with attention_mask=None transformers masks each document
 separately (`masking_utils.find_packed_sequence_indices`). The long/short mix is decided per token
 budget: `short_fraction` of `num_tokens` is read from the short sources, the rest from the long ones,
@@ -34,6 +36,7 @@ from longctx.core.files import atomic_dir, write_json
 from longctx.core.hashing import hash_json
 from longctx.data.sources import check_data_specs
 from longctx.extend.loss import IGNORE_INDEX
+from longctx.extend.settings import PACKING_MODES
 from longctx.extend.tokens import CACHE_VERSION, Pool, token_pool
 
 # Sequences kept open while packing: more fills gaps better, each costs a scan per piece.
@@ -56,6 +59,28 @@ def _pieces(pools: list[Pool], seq_len: int) -> dict[str, np.ndarray]:
         cols["length"].append(length.astype(np.int32))
         cols["doc_end"].append(start + length == stop)
     return {k: np.concatenate(v) for k, v in cols.items()}
+
+
+def _split_pack(pieces: dict[str, np.ndarray], order: np.ndarray, seq_len: int
+                ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The pieces in `order` laid end to end and cut every `seq_len` tokens: a piece a sequence boundary falls
+    in becomes two (the first does not end its document, so it predicts the second's first token; positions
+    restart in each, as they do at every piece). Returns the new pieces in sequence order and the offsets of
+    each sequence into them."""
+    length = pieces["length"][order].astype(np.int64)
+    ends = np.cumsum(length)
+    starts = ends - length
+    total = int(ends[-1]) if len(ends) else 0
+    # every cut point of the stream: piece starts and sequence boundaries, each once
+    cuts = np.union1d(starts, np.arange(0, total, seq_len))
+    piece = np.searchsorted(ends, cuts, side="right")  # which (ordered) piece each new piece lies in
+    new_len = np.diff(np.append(cuts, total))
+    offset = cuts - starts[piece]  # where in its piece a new piece starts
+    src = order[piece]
+    out = {"pool": pieces["pool"][src], "start": pieces["start"][src] + offset,
+           "length": new_len.astype(np.int32),
+           "doc_end": pieces["doc_end"][src] & (offset + new_len == length[piece])}
+    return out, np.append(np.searchsorted(cuts, np.arange(0, total, seq_len)), len(cuts))
 
 
 def _pack(lengths: np.ndarray, order: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
@@ -156,7 +181,8 @@ class PackedDataset:
 
 def build_packed_dataset(specs: Sequence[str], tokenizer: Any, seq_len: int, *, num_tokens: int,
                          short_specs: Sequence[str] = (), short_fraction: float = 0.0, seed: int = 0,
-                         cache_dir: str | os.PathLike, log: Callable[[str], None] = print) -> PackedDataset:
+                         packing: str = "split", cache_dir: str | os.PathLike,
+                         log: Callable[[str], None] = print) -> PackedDataset:
     """Tokenize (once, cached) and pack `specs` (+ `short_specs` for `short_fraction` of the tokens)
     into `seq_len` sequences; see the module docstring. Call it on the main process first: the other
     ranks then open the finished cache."""
@@ -166,6 +192,8 @@ def build_packed_dataset(specs: Sequence[str], tokenizer: Any, seq_len: int, *, 
         raise InputError(f"num_tokens {num_tokens} must be positive")
     if not specs:
         raise InputError("no training data given; pass at least one data spec")
+    if packing not in PACKING_MODES:
+        raise InputError(f"unknown packing '{packing}'; choose one of {', '.join(PACKING_MODES)}")
     if not 0.0 <= short_fraction < 1.0:
         raise InputError(f"short fraction {short_fraction} must be in [0, 1)")
     if short_fraction > 0 and not short_specs:
@@ -184,14 +212,15 @@ def build_packed_dataset(specs: Sequence[str], tokenizer: Any, seq_len: int, *, 
                                  length_tokens=_synthetic_document_tokens(seq_len, short=True)))
     fingerprint = hash_json({"version": CACHE_VERSION, "pools": [p.source_key for p in pools],
                          "pool_tokens": [p.num_tokens for p in pools], "seq_len": seq_len,
-                         "short_fraction": short_fraction, "seed": seed, "num_tokens": num_tokens})
+                         "short_fraction": short_fraction, "seed": seed, "num_tokens": num_tokens,
+                         **({} if packing == "whole" else {"packing": packing})})
     plan_dir = cache / f"packed-{fingerprint[:20]}"
     if (plan_dir / "meta.json").is_file():
         log(f"reusing packed sequences {plan_dir}")
         stats = json.loads((plan_dir / "meta.json").read_text())["stats"]
     else:
         with atomic_dir(plan_dir, keep_existing="meta.json") as tmp:
-            stats = _write_plan(tmp, pools, seq_len, seed, num_tokens, short_fraction, log)
+            stats = _write_plan(tmp, pools, seq_len, seed, num_tokens, short_fraction, packing, log)
             write_json(tmp / "meta.json", {"version": CACHE_VERSION, "fingerprint": fingerprint, "stats": stats},
                        indent=1)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -217,13 +246,17 @@ def _synthetic_document_tokens(seq_len: int, short: bool) -> int:
 
 
 def _write_plan(out: Path, pools: list[Pool], seq_len: int, seed: int, num_tokens: int,
-                short_fraction: float, log: Callable[[str], None]) -> dict[str, Any]:
+                short_fraction: float, packing: str, log: Callable[[str], None]) -> dict[str, Any]:
     pieces = _pieces(pools, seq_len)
-    log(f"packing {len(pieces['length']):,} document pieces into {seq_len:,}-token sequences")
+    log(f"packing {len(pieces['length']):,} document pieces into {seq_len:,}-token sequences ({packing})")
     order = np.random.default_rng([seed, 0]).permutation(len(pieces["length"]))
-    flat, seq_offsets = _pack(pieces["length"], order, seq_len)
+    if packing == "split":
+        pieces, seq_offsets = _split_pack(pieces, order, seq_len)
+    else:
+        flat, seq_offsets = _pack(pieces["length"], order, seq_len)
+        pieces = {k: v[flat] for k, v in pieces.items()}
     for k, v in pieces.items():
-        np.save(out / f"{k}.npy", v[flat])
+        np.save(out / f"{k}.npy", v)
     np.save(out / "seq_offsets.npy", seq_offsets)
     sequences = len(seq_offsets) - 1
     tokens = sum(p.num_tokens for p in pools)
@@ -235,6 +268,7 @@ def _write_plan(out: Path, pools: list[Pool], seq_len: int, seed: int, num_token
         "tokens": tokens,
         "short_token_fraction": round(short_tokens / tokens, 6),
         "requested_short_fraction": short_fraction,
+        "packing": packing,
         "sequences": sequences,
         "padding_fraction": round(1 - tokens / (sequences * seq_len), 6),
         "epochs": round(num_tokens / (sequences * seq_len), 6),

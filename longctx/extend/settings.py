@@ -9,6 +9,9 @@ from longctx.core.errors import InputError, ref
 from longctx.core.kinds import Bool, Choice, Count, Float, Int, Length, LocalPath, Number, Specs, Text
 from longctx.core.settings import REQUIRED, Settings, setting
 
+# split: documents fill every sequence, cut where a sequence ends (longctx.extend.packing); whole: first-fit
+PACKING_MODES = ("split", "whole")
+
 DTYPES = ("float32", "bfloat16")
 _FRACTION = Float(0, 1, high_open=True, words="a number from 0 up to (not including) 1")
 
@@ -18,6 +21,9 @@ class ExtendSettings(Settings):
     checkpoint: str | None = setting(None, Text(), "Checkpoint to continue training.", cli="argument", recipe=False,
                                      cli_required=True)
     seq_len: int = setting(REQUIRED, Length(), "Training sequence length, e.g. 32k; becomes max_position_embeddings.")
+    packing: str = setting("split", Choice(PACKING_MODES, "packing"),
+                           "split: documents fill every sequence, one cut where a sequence ends continuing in the "
+                           "next (padding only in the last); whole: first-fit of whole documents (more padding).")
     data: list[str] = setting(REQUIRED, Specs(),
                               "Training text (repeatable): a .txt/.jsonl/.json/.parquet file, a directory of them, a "
                               "saved dataset, hf:<dataset id>[:split] or synthetic:<kind>.")
