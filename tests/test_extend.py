@@ -275,6 +275,8 @@ def data_files(tmp_path_factory):
     (["--tokens", "1e6"], "exactly one of --tokens"),
     (["--short-fraction", "0.3"], "needs --short-data"),
     (["--tokens-per-step", "4.5"], "whole number"),
+    (["--tokenize-workers", "0"], "--tokenize-workers"),
+    (["--packing", "tight"], "--packing"),
 ])
 def test_bad_input_is_one_line_exit_2_nothing_written(args, message, checkpoints, data_files, tmp_path):
     base = {"--rope-base": "1e6", "--seq-len": "512", "--data": str(data_files / "doc.txt"), "--steps": "2"}

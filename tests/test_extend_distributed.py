@@ -46,6 +46,7 @@ def test_two_gloo_ranks_with_fsdp2_match_one_process(tiny_checkpoint, tmp_path):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-3)
         assert b["tokens"] == a["tokens"] == b["step"] * 2048
+        assert b["padding"] == a["padding"]  # counted over both ranks
     # FSDP2 state: one shard per rank; the final checkpoint is the gathered full model
     assert sorted(p.name for p in (tmp_path / "dist.train" / "step-000003" / "dcp").glob("*.distcp")) == [
         "__0_0.distcp", "__1_0.distcp"]

@@ -76,7 +76,8 @@ def _split(sample: dict, pad_id: int) -> list[tuple[int, int]]:
 def _check_sample(sample: dict, seq_len: int, pad_id: int, eos: int) -> list[tuple]:
     """Assert the packing invariants of one sequence; return its document pieces."""
     ids, pos, labels = (sample[k].numpy() for k in ("input_ids", "position_ids", "shift_labels"))
-    assert all(v.dtype == torch.int64 and v.shape == (seq_len,) for v in sample.values())
+    assert all(sample[k].dtype == torch.int64 and sample[k].shape == (seq_len,)
+               for k in ("input_ids", "position_ids", "shift_labels"))
     pieces = []
     blocks = _split(sample, pad_id)
     covered = 0
@@ -87,6 +88,7 @@ def _check_sample(sample: dict, seq_len: int, pad_id: int, eos: int) -> list[tup
         covered = b
     # Padding: pad ids, ignored labels, after every document.
     assert (ids[covered:] == pad_id).all() and (labels[covered:] == IGNORE_INDEX).all()
+    assert sample["tokens"].dtype == torch.int64 and int(sample["tokens"]) == covered  # what is not padding
     for a, b in blocks:
         last = labels[b - 1]
         if ids[b - 1] == eos:

@@ -3,8 +3,9 @@
 A spec is a `.txt`/`.md` file (the whole file is one document), a `.jsonl`/`.json` file (a string
 "text" field per record; `.json` may also be one JSON list of records), a `.parquet` file (a "text"
 column), a directory of such files (all of them, recursively, sorted by path, hidden ones skipped), a
-`datasets.save_to_disk` directory, `hf:<dataset id or local path>[:split]` (`datasets.load_dataset`,
-"text" column, split "train" by default) or `synthetic:<kind>` (`longctx.data.synthetic`).
+`datasets.save_to_disk` directory, `hf:<dataset id or local path>[:split]` (`datasets.load_dataset` with
+`streaming=True`, so only what is read is fetched; "text" column, split "train" by default) or
+`synthetic:<kind>` (`longctx.data.synthetic`).
 Whitespace-only documents are skipped.
 """
 
@@ -107,9 +108,15 @@ def _file_documents(path: Path) -> Iterator[str]:
 
 
 def _dataset_documents(ds: Any, where: str) -> Iterator[str]:
-    if "text" not in ds.column_names:
-        raise InputError(f"dataset {where} has no \"text\" column (columns: {', '.join(ds.column_names)})")
-    for batch in ds.select_columns(["text"]).iter(batch_size=1024):
+    """The "text" column of a Dataset or an IterableDataset (whose columns may be known only once read)."""
+    names = ds.column_names
+    if names is not None:
+        if "text" not in names:
+            raise InputError(f"dataset {where} has no \"text\" column (columns: {', '.join(names)})")
+        ds = ds.select_columns(["text"])
+    for batch in ds.iter(batch_size=64):  # a stream reads no further than the batch it is in
+        if "text" not in batch:
+            raise InputError(f"dataset {where} has no \"text\" column (columns: {', '.join(batch)})")
         yield from (t for t in batch["text"] if t is not None)
 
 
@@ -183,20 +190,31 @@ def _offline_source(name: str) -> Path | None:
 def _hf_documents(name: str, split: str | None) -> Iterator[str]:
     path = Path(name).expanduser()
     if _is_saved_dataset(path):
-        ds = _saved_dataset(path, split)
-    else:
-        import datasets
+        yield from _dataset_documents(_saved_dataset(path, split), f"hf:{name}")
+        return
+    import datasets
 
-        offline = _offline_variable()
-        source = str(_offline_source(name) or name) if offline and not path.exists() else name
-        try:
-            ds = datasets.load_dataset(source, split=split or "train")
-        except Exception as e:  # noqa: BLE001 - any loader failure is a user-input problem here
-            first = str(e).splitlines()[0] if str(e) else ""
-            hint = (f"with {offline}={os.environ[offline]} only local paths and the Hugging Face cache work"
-                    if offline else "offline only local paths and the Hugging Face cache work")
-            raise InputError(f"could not load dataset '{name}' ({e.__class__.__name__}: {first}); {hint}") from None
-    yield from _dataset_documents(ds, f"hf:{name}")
+    offline = _offline_variable()
+    snapshot = _offline_source(name) if offline and not path.exists() else None
+    # Streamed, so reading stops at the token budget instead of downloading and preparing the whole dataset;
+    # offline and only in the datasets cache it is already prepared (memory-mapped Arrow), so it is read as is.
+    streaming = not (offline and not path.exists() and snapshot is None)
+    try:
+        ds = datasets.load_dataset(str(snapshot or name), split=split or "train", streaming=streaming)
+    except Exception as e:  # noqa: BLE001 - any loader failure is a user-input problem here
+        hint = (f"; with {offline}={os.environ[offline]} only local paths and the Hugging Face cache work"
+                if offline else "")
+        raise InputError(f"could not load dataset '{name}' ({_first_line(e)}){hint}") from None
+    try:
+        yield from _dataset_documents(ds, f"hf:{name}")
+    except InputError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a streamed file that cannot be read is the input's problem
+        raise InputError(f"could not read dataset '{name}' ({_first_line(e)})") from None
+
+
+def _first_line(e: Exception) -> str:
+    return f"{e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
 def _raw_documents(spec: str, seed: int, length_tokens: int | None) -> Iterator[str]:

@@ -32,7 +32,7 @@ SETTINGS_FILE = "settings.json"
 # Settings a resumed run may change: they do not change what the run computes. The checkpoint is
 # compared by fingerprint instead of by path.
 RESUME_FREE_FIELDS = ("checkpoint", "resume", "overwrite", "save_every", "gradient_checkpointing", "cache_dir",
-                      "trust_remote_code")
+                      "trust_remote_code", "attention", "peak_tflops", "tokenize_workers")
 WORK_KIND = "extend work folder"
 
 
@@ -113,7 +113,8 @@ def _micro_batches(ds, step: int, plan: Plan, dp_rank: int) -> list[dict[str, An
     for micro in range(plan.accumulation):
         first = base + (micro * plan.dp_size + dp_rank) * b
         items = [ds.get(first + j) for j in range(b)]
-        out.append({k: torch.stack([it[k] for it in items]) for k in ("input_ids", "position_ids", "shift_labels")})
+        out.append({k: torch.stack([it[k] for it in items])
+                    for k in ("input_ids", "position_ids", "shift_labels", "tokens")})
     return out
 
 
@@ -156,16 +157,24 @@ def _optimizer(module, s: ExtendSettings, acc, plan: Plan):
     return module, accelerated, optimizer, scheduler
 
 
-def _step(acc, module, accelerated, optimizer, scheduler, batches, s: ExtendSettings, world_size: int):
-    """One optimizer step over `batches`; returns (loss, lr, grad norm, seconds of compute)."""
+def _step(acc, module, accelerated, optimizer, scheduler, batches, s: ExtendSettings, world_size: int, flops):
+    """One optimizer step over `batches`; returns (loss, lr, grad norm, seconds of compute, non-padding tokens
+    and attention-score FLOPs of the step over all ranks (`longctx.extend.throughput`; None: not known))."""
     import torch
 
     from longctx.extend.loss import IGNORE_INDEX
 
-    local = torch.tensor([float(sum(int((b["shift_labels"] != IGNORE_INDEX).sum()) for b in batches))],
-                         device=acc.device)
+    counts = [0.0, 0.0, 0.0]  # predicted tokens, non-padding tokens, attention FLOPs
+    for b in batches:
+        tokens = b.pop("tokens")
+        # with context parallelism each sequence is one causal stream (positions replaced below)
+        pos = b["position_ids"] if s.cp_size == 1 else torch.arange(s.seq_len).expand_as(b["position_ids"])
+        counts[0] += int((b["shift_labels"] != IGNORE_INDEX).sum())
+        counts[1] += int(tokens.sum())
+        counts[2] += flops.attention_flops(pos, tokens) or 0.0
     # Ranks of one context-parallel group read the same sequences: count them once.
-    predicted = float(acc.reduce(local, reduction="sum").item()) / s.cp_size
+    totals = acc.reduce(torch.tensor(counts, dtype=torch.float64, device=acc.device), reduction="sum")
+    predicted, real_tokens, attention = (float(x) / s.cp_size for x in totals.tolist())
     scale = world_size / max(predicted, 1.0)  # gradient reduction averages over all ranks
     start = time.perf_counter()
     loss_sum = torch.zeros((), device=acc.device)
@@ -189,14 +198,28 @@ def _step(acc, module, accelerated, optimizer, scheduler, batches, s: ExtendSett
     loss = float(acc.reduce(loss_sum.reshape(1), reduction="sum").item()) / max(predicted, 1.0)
     if hasattr(grad_norm, "full_tensor"):
         grad_norm = grad_norm.full_tensor()
-    return loss, lr, float(grad_norm), time.perf_counter() - start
+    return (loss, lr, float(grad_norm), time.perf_counter() - start, real_tokens,
+            attention if flops.layers is not None else None)
 
 
-def _train_steps(acc, parts, ds, s: ExtendSettings, plan: Plan, work: Path, start_step: int, progress: bool) -> float:
-    """Steps start_step..plan.steps, logged per step and saved every `save_every`; returns the last loss."""
+def _train_steps(acc, parts, ds, s: ExtendSettings, plan: Plan, work: Path, start_step: int, progress: bool,
+                 flops, dtype: str) -> float:
+    """Steps start_step..plan.steps, logged per step and saved every `save_every`; returns the last loss.
+    `flops` (`longctx.extend.throughput.ModelFlops`) and the compute `dtype` give the MFU."""
+    import torch
     from tqdm.auto import tqdm
 
+    from longctx.extend.throughput import peak_flops
+
     module, accelerated, optimizer, scheduler = parts
+    device_name = torch.cuda.get_device_name(acc.device) if acc.device.type == "cuda" else None
+    peak, source = peak_flops(s.peak_tflops, device_name, dtype)
+    if peak is None:
+        acc.print(f"MFU not reported: {source}")
+    else:
+        acc.print(f"MFU against {peak / 1e12:g} TFLOP/s per device x {plan.world_size} ({source}); model FLOPs "
+                  f"6 x {flops.params:,} parameters per non-padding token"
+                  f"{'' if flops.layers is None else ', mfu_attention adds attention scores'}")
     dp_rank = acc.process_index // s.cp_size
     bar = tqdm(total=plan.steps, initial=start_step, unit="step", disable=not (progress and acc.is_main_process),
                dynamic_ncols=True)
@@ -206,18 +229,26 @@ def _train_steps(acc, parts, ds, s: ExtendSettings, plan: Plan, work: Path, star
     try:
         for step in range(start_step, plan.steps):
             batches = _micro_batches(ds, step, plan, dp_rank)
-            loss, lr, grad_norm, compute_s = _step(acc, module, accelerated, optimizer, scheduler, batches, s,
-                                                   plan.world_size)
+            loss, lr, grad_norm, compute_s, real, attention = _step(acc, module, accelerated, optimizer, scheduler,
+                                                                    batches, s, plan.world_size, flops)
             seconds = time.perf_counter() - last_end
             final_loss = loss
+            # MFU: useful (non-padding) tokens' model FLOPs over the step's wall time, over every device's peak
+            capacity = None if peak is None else peak * plan.world_size * seconds
+            mfu = None if capacity is None else flops.matmul_flops(real) / capacity
+            mfu_attention = None if mfu is None or attention is None else mfu + attention / capacity
             entry = {"step": step + 1, "loss": round(loss, 6), "lr": lr, "grad_norm": round(grad_norm, 6),
                      "tokens": (step + 1) * plan.tokens_per_step,
                      "tokens_per_s": round(plan.tokens_per_step / seconds, 1), "seconds": round(seconds, 4),
-                     "compute_seconds": round(compute_s, 4)}
+                     "compute_seconds": round(compute_s, 4), "padding": round(1 - real / plan.tokens_per_step, 6),
+                     "mfu": None if mfu is None else round(mfu, 6),
+                     "mfu_attention": None if mfu_attention is None else round(mfu_attention, 6)}
             if log_file is not None:
                 log_file.write(json.dumps(entry) + "\n")
                 log_file.flush()
-            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{entry['tokens_per_s']:,.0f}", refresh=False)
+            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{entry['tokens_per_s']:,.0f}",
+                            pad=f"{1 - real / plan.tokens_per_step:.1%}",
+                            **({} if mfu is None else {"mfu": f"{mfu:.0%}"}), refresh=False)
             bar.update(1)
             done = step + 1
             if done == plan.steps or (s.save_every and done % s.save_every == 0):
@@ -230,7 +261,7 @@ def _train_steps(acc, parts, ds, s: ExtendSettings, plan: Plan, work: Path, star
     return final_loss
 
 
-def _log_plan(log, s: ExtendSettings, plan: Plan, dtype: str, attn: str, acc, work: Path) -> None:
+def _log_plan(log, s: ExtendSettings, plan: Plan, dtype: str, attn: str, attn_reason: str, acc, work: Path) -> None:
     if s.cp_size > 1:
         log(f"note: --cp-size {s.cp_size}: torch context parallelism supports only causal masks, so each sequence is "
             "one causal stream (positions 0..seq_len-1, no document masking); labels still stop at document ends")
@@ -238,8 +269,9 @@ def _log_plan(log, s: ExtendSettings, plan: Plan, dtype: str, attn: str, acc, wo
         f"optimizer step = {plan.dp_size} data-parallel rank(s) x {plan.accumulation} accumulation x "
         f"{plan.micro_batch_size} micro-batch")
     log(f"{plan.steps:,} steps, {plan.total_tokens:,} tokens; lr {s.lr:g} cosine to {s.lr * s.min_lr_ratio:g} after "
-        f"{plan.warmup_steps} warmup steps; {dtype}, attention {attn}, world size {plan.world_size}"
+        f"{plan.warmup_steps} warmup steps; {dtype}, world size {plan.world_size}"
         f"{' (FSDP2)' if acc.is_fsdp2 else ''}; work folder {work}")
+    log(f"attention {attn} ({attn_reason})")
 
 
 def extend(s: ExtendSettings, progress: bool = True) -> ExtendResult:
@@ -252,12 +284,14 @@ def extend(s: ExtendSettings, progress: bool = True) -> ExtendResult:
     from longctx.extend.model import (attention_implementation, fsdp_plugin, load_training_model,
                                       make_accelerator, make_training_module)
     from longctx.extend.packing import build_packed_dataset
+    from longctx.extend.throughput import model_flops
 
     started = time.perf_counter()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     cuda = torch.cuda.is_available()
     ckpt, new_cfg, notes = _validate(s, world_size, cuda)
     plan = resolve_plan(s, world_size)
+    attn, attn_reason = attention_implementation(s.attention, cuda, s.cp_size)  # refused before the weights are hashed
     source_fp = fingerprint(ckpt)
     work = work_dir(s.output)
     saved = None
@@ -266,20 +300,21 @@ def extend(s: ExtendSettings, progress: bool = True) -> ExtendResult:
         _check_resumable(saved, s, source_fp)
     # before the model: a tokenizer that does not fit it is refused first
     tokenizer = load_tokenizer(ckpt, s.trust_remote_code)
-    attn = attention_implementation(cuda, s.cp_size)
     lm = load_training_model(ckpt, new_cfg, attn, s.gradient_checkpointing, s.trust_remote_code)
+    flops = model_flops(lm)  # before FSDP2 shards the parameters
     acc, dtype = make_accelerator(s, world_size, cuda, fsdp_plugin(lm) if world_size > 1 else None)
     log = acc.print
     for note in notes:
         log(f"note: {note}")
     torch.manual_seed(s.seed)
     random.seed(s.seed)
-    _log_plan(log, s, plan, dtype, attn, acc, work)
+    _log_plan(log, s, plan, dtype, attn, attn_reason, acc, work)
 
     with acc.main_process_first():
         ds = build_packed_dataset(s.data, tokenizer, s.seq_len, num_tokens=plan.total_tokens, short_specs=s.short_data,
                                   short_fraction=s.short_fraction, seed=s.seed, packing=s.packing,
-                                  cache_dir=Path(s.cache_dir) if s.cache_dir else cache_dir() / "data", log=log)
+                                  cache_dir=Path(s.cache_dir) if s.cache_dir else cache_dir() / "data",
+                                  workers=s.tokenize_workers or len(os.sched_getaffinity(0)), log=log)
     resume_from = _start_work(acc, s, work, saved, source_fp, ds)
     parts = _optimizer(make_training_module(lm, flatten_batch=attn == "flash_attention_2"), s, acc, plan)
     start_step = 0
@@ -292,14 +327,14 @@ def extend(s: ExtendSettings, progress: bool = True) -> ExtendResult:
     elif s.resume:
         log(f"--resume: nothing saved in '{work}' yet; starting from step 0")
 
-    final_loss = _train_steps(acc, parts, ds, s, plan, work, start_step, progress)
+    final_loss = _train_steps(acc, parts, ds, s, plan, work, start_step, progress, flops, dtype)
     if start_step == plan.steps:
         log(f"the run in '{work}' had already finished all {plan.steps} steps; writing the output")
         lines = (work / LOG_FILE).read_text().splitlines()
         final_loss = json.loads(lines[-1])["loss"] if lines else final_loss
     write_output(acc, parts[0], ckpt, new_cfg, s, plan, work,
                  {"source_fingerprint": source_fp, "data_fingerprint": ds.fingerprint, "data_stats": ds.stats,
-                  "attention": attn, "dtype": dtype})
+                  "attention": attn, "attention_reason": attn_reason, "dtype": dtype})
     acc.wait_for_everyone()
     seconds = time.perf_counter() - started
     log(f"wrote {s.output} ({plan.steps} steps, {plan.total_tokens:,} tokens, final loss {final_loss:.4f}, "

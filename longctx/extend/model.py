@@ -33,7 +33,8 @@ def _training_module_class():
             self.lm = lm
             self.chunk_tokens = chunk_tokens
             # flash-attention 2 finds document boundaries from position_ids only for batch size 1,
-            # so a micro-batch is laid end to end; SDPA builds block-diagonal masks per row instead.
+            # so a micro-batch is laid end to end; SDPA builds a block-diagonal mask per row and
+            # FlexAttention one BlockMask with a row per sequence (transformers masking_utils.create_causal_mask).
             self.flatten_batch = flatten_batch
 
         def hidden_states(self, input_ids, position_ids):
@@ -60,15 +61,74 @@ def make_training_module(lm, chunk_tokens: int | None = None, flatten_batch: boo
     return _training_module_class()(lm, chunk_tokens or DEFAULT_CHUNK_TOKENS, flatten_batch)
 
 
-def attention_implementation(cuda: bool, cp_size: int) -> str:
-    """flash-attention 2 on a GPU when installed (`pip install 'longctx[gpu]'`), SDPA otherwise."""
-    if cuda and cp_size == 1:
-        try:
-            import flash_attn  # noqa: F401
-        except ImportError:
-            return "sdpa"
-        return "flash_attention_2"
-    return "sdpa"
+def flash_attn_installed() -> bool:
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def flex_attention_available() -> bool:
+    """torch's FlexAttention (torch >= 2.5) as transformers' `flex_attention` implementation uses it."""
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+        from transformers.utils import is_torch_flex_attn_available
+    except ImportError:
+        return False
+    return is_torch_flex_attn_available()
+
+
+def attention_implementation(choice: str, cuda: bool, cp_size: int) -> tuple[str, str]:
+    """(the transformers attn_implementation to train with, why) for `--attention` `choice`.
+
+    Packed sequences need a document mask. flash-attention 2 takes the boundaries from position_ids
+    (varlen kernel) and FlexAttention from a BlockMask (transformers masking_utils.flex_attention_mask),
+    neither of them dense; SDPA gets a materialised seq_len x seq_len boolean mask per sequence, which also
+    rules out its flash kernel. Raises SettingError for a choice that cannot run here.
+    """
+    from longctx.core.errors import SettingError, ref
+
+    def fail(text: str) -> SettingError:
+        return SettingError(text, ExtendSettings)
+
+    if cp_size > 1:
+        if choice not in ("auto", "sdpa"):
+            raise fail(f"{ref('attention')} {choice} does not run with {ref('cp_size')} {cp_size}: torch context "
+                       f"parallelism shards SDPA only; use {ref('attention')} sdpa (or auto)")
+        return "sdpa", (f"{choice}: torch context parallelism needs SDPA; each sequence is one causal stream, no "
+                        "document mask")
+    if choice == "flash_attention_2":
+        if not cuda:
+            raise fail(f"{ref('attention')} flash_attention_2 needs a CUDA GPU; on CPU use {ref('attention')} sdpa "
+                       "(or auto)")
+        if not flash_attn_installed():
+            raise fail(f"{ref('attention')} flash_attention_2: flash_attn is not installed (pip install "
+                       f"'longctx[gpu]'); or use {ref('attention')} auto (FlexAttention)")
+        return "flash_attention_2", "asked for; documents are separated by position_ids, no dense mask"
+    if choice == "flex_attention":
+        import torch
+
+        if not flex_attention_available():
+            raise fail(f"{ref('attention')} flex_attention: torch {torch.__version__} has no FlexAttention "
+                       f"(torch.nn.attention.flex_attention, torch >= 2.5); use {ref('attention')} auto or sdpa")
+        if not cuda:
+            # torch.nn.attention.flex_attention._validate_device refuses inputs that need gradients on CPU
+            raise fail(f"{ref('attention')} flex_attention needs a CUDA GPU: torch {torch.__version__} has no "
+                       f"FlexAttention backward on CPU; use {ref('attention')} sdpa (or auto)")
+        return "flex_attention", "asked for; FlexAttention masks documents without a dense mask"
+    if choice == "sdpa":
+        dense = "; a dense seq_len x seq_len document mask is materialised per sequence and layer" if cuda else ""
+        return "sdpa", f"asked for{dense}"
+    if not cuda:
+        return "sdpa", ("auto: on CPU (flash_attn needs CUDA and torch has no FlexAttention backward on CPU); "
+                        "documents are masked with a dense mask")
+    if flash_attn_installed():
+        return "flash_attention_2", "auto: flash_attn is installed; documents are separated by position_ids"
+    if flex_attention_available():
+        return "flex_attention", "auto: flash_attn is not installed; FlexAttention masks documents without a dense mask"
+    return "sdpa", ("auto: neither flash_attn nor FlexAttention (torch >= 2.5) is available; a dense seq_len x "
+                    "seq_len document mask is materialised per sequence and layer (pip install 'longctx[gpu]')")
 
 
 def load_training_model(ckpt: Path, new_cfg: dict[str, Any], attn: str, gradient_checkpointing: bool,

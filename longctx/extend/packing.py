@@ -155,7 +155,8 @@ class PackedDataset:
         return self._epoch_order[1]
 
     def get(self, index: int) -> dict[str, torch.Tensor]:
-        """Sequence number `index` (global: epoch = index // len) as int64 tensors of shape [seq_len]."""
+        """Sequence number `index` (global: epoch = index // len) as int64 tensors of shape [seq_len], and
+        `tokens`: how many of them (a 0-d tensor) are document tokens, the rest padding."""
         if index < 0:
             raise IndexError(f"sequence index {index} < 0")
         epoch, i = divmod(int(index), len(self))
@@ -176,15 +177,15 @@ class PackedDataset:
         # Padding is one block of its own positions, so it forms one (ignored) pseudo-document.
         position_ids[t:] = np.arange(self.seq_len - t)
         return {"input_ids": torch.from_numpy(input_ids), "position_ids": torch.from_numpy(position_ids),
-                "shift_labels": torch.from_numpy(shift_labels)}
+                "shift_labels": torch.from_numpy(shift_labels), "tokens": torch.tensor(t)}
 
 
 def build_packed_dataset(specs: Sequence[str], tokenizer: Any, seq_len: int, *, num_tokens: int,
                          short_specs: Sequence[str] = (), short_fraction: float = 0.0, seed: int = 0,
-                         packing: str = "split", cache_dir: str | os.PathLike,
+                         packing: str = "split", cache_dir: str | os.PathLike, workers: int = 1,
                          log: Callable[[str], None] = print) -> PackedDataset:
-    """Tokenize (once, cached) and pack `specs` (+ `short_specs` for `short_fraction` of the tokens)
-    into `seq_len` sequences; see the module docstring. Call it on the main process first: the other
+    """Tokenize (once, cached, in `workers` processes) and pack `specs` (+ `short_specs` for `short_fraction` of
+    the tokens) into `seq_len` sequences; see the module docstring. Call it on the main process first: the other
     ranks then open the finished cache."""
     if seq_len < 2:
         raise InputError(f"seq_len {seq_len} is too short; give at least 2 tokens")
@@ -194,6 +195,8 @@ def build_packed_dataset(specs: Sequence[str], tokenizer: Any, seq_len: int, *, 
         raise InputError("no training data given; pass at least one data spec")
     if packing not in PACKING_MODES:
         raise InputError(f"unknown packing '{packing}'; choose one of {', '.join(PACKING_MODES)}")
+    if workers < 1:
+        raise InputError(f"tokenize workers {workers} must be at least 1")
     if not 0.0 <= short_fraction < 1.0:
         raise InputError(f"short fraction {short_fraction} must be in [0, 1)")
     if short_fraction > 0 and not short_specs:
@@ -205,11 +208,11 @@ def build_packed_dataset(specs: Sequence[str], tokenizer: Any, seq_len: int, *, 
     cache = Path(cache_dir)
     short_budget = round(num_tokens * short_fraction)
     long_budget = num_tokens - short_budget
-    pools = [token_pool(specs, tokenizer, long_budget, seed=seed, cache_dir=cache, log=log,
+    pools = [token_pool(specs, tokenizer, long_budget, seed=seed, cache_dir=cache, log=log, workers=workers,
                          length_tokens=_synthetic_document_tokens(seq_len, short=False))]
     if short_specs:
         pools.append(token_pool(short_specs, tokenizer, short_budget, seed=seed, cache_dir=cache, log=log,
-                                 length_tokens=_synthetic_document_tokens(seq_len, short=True)))
+                                 workers=workers, length_tokens=_synthetic_document_tokens(seq_len, short=True)))
     fingerprint = hash_json({"version": CACHE_VERSION, "pools": [p.source_key for p in pools],
                          "pool_tokens": [p.num_tokens for p in pools], "seq_len": seq_len,
                          "short_fraction": short_fraction, "seed": seed, "num_tokens": num_tokens,

@@ -13,6 +13,9 @@ from longctx.core.settings import REQUIRED, Settings, setting
 PACKING_MODES = ("split", "whole")
 
 DTYPES = ("float32", "bfloat16")
+# auto: flash_attention_2 on CUDA when flash_attn is installed, else flex_attention there, sdpa on CPU
+# (longctx.extend.model.attention_implementation)
+ATTENTION_CHOICES = ("auto", "flash_attention_2", "flex_attention", "sdpa")
 _FRACTION = Float(0, 1, high_open=True, words="a number from 0 up to (not including) 1")
 
 
@@ -53,6 +56,14 @@ class ExtendSettings(Settings):
     trust_remote_code: bool = trust_remote_code_setting()
     gradient_checkpointing: bool = setting(True, Bool(), "Recompute activations in backward (off: faster, far more "
                                                          "memory).")
+    attention: str = setting("auto", Choice(ATTENTION_CHOICES, "attention"),
+                             "Attention kernel: auto (flash_attention_2 when flash_attn is installed, else "
+                             "flex_attention on CUDA; sdpa on CPU), or one of them by name.")
+    peak_tflops: float | None = setting(None, Float(0, low_open=True, words="a number > 0"),
+                                        "Peak TFLOP/s of one device at the compute dtype, for the MFU in the log "
+                                        "[default: a table of common GPUs at bf16].")
+    tokenize_workers: int | None = setting(None, Int(minimum=1), "Processes that tokenize the data (the same "
+                                                                 "tokens for any count) [default: every CPU core].")
     cp_size: int = setting(1, Int(minimum=1), "Context-parallel ranks per sequence (GPUs; causal attention, no "
                                               "document masking).")
     cache_dir: str | None = setting(None, LocalPath(directory=True),

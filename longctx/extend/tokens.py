@@ -19,8 +19,13 @@ from __future__ import annotations
 
 import array
 import contextlib
+import itertools
 import json
+import multiprocessing
+import os
+import time
 from collections import deque
+from concurrent.futures import Future, ProcessPoolExecutor
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,46 +39,162 @@ from longctx.data.sources import iter_documents, source_identity
 
 # Bump when the cache layout or the packing rule changes: old caches are then never reused.
 CACHE_VERSION = 2
-_BATCH_CHARS = 1 << 21
+_BATCH_CHARS = 1 << 19  # ~0.2 s of one worker: small enough that the last batches keep every worker busy
 _BATCH_DOCS = 1024
 
 
 def _encode(tokenizer: Any, texts: list[str]) -> list[list[int]]:
-    """One batched call of the fast tokenizer (tests count calls of this function)."""
+    """One batched call of the tokenizer: a `tokenizers.Tokenizer` (the fast path) or a transformers tokenizer
+    (tests count calls of this function)."""
+    import tokenizers
+
+    if isinstance(tokenizer, tokenizers.Tokenizer):
+        return [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
     return tokenizer(texts, add_special_tokens=False)["input_ids"]
 
 
-class _TokenStream:
-    """Documents of one spec, tokenized in batches on demand."""
+def _encoder(tokenizer: Any) -> Any:
+    """What the workers encode with: the Rust tokenizer behind a transformers fast tokenizer, set up as transformers
+    calls it for `tokenizer(texts, add_special_tokens=False)` (transformers tokenization_utils_tokenizers
+    `_encode_plus`: `encode_special_tokens` from `split_special_tokens`, no truncation or padding); it gives the same
+    ids without building a BatchEncoding per document (several times faster). Any other tokenizer is used as is."""
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
-    def __init__(self, docs: Iterator[str], tokenizer: Any, eos: int | None, dtype: np.dtype):
-        self.docs, self.tokenizer, self.eos, self.dtype = docs, tokenizer, eos, dtype
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    own = type(tokenizer)
+    if (backend is None or own.__call__ is not TokenizersBackend.__call__
+            or own._encode_plus is not TokenizersBackend._encode_plus):
+        return tokenizer
+    import tokenizers
+
+    fast = tokenizers.Tokenizer.from_str(backend.to_str())
+    fast.no_truncation()
+    fast.no_padding()
+    fast.encode_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))
+    return fast
+
+
+def _tokenize(encoder: Any, texts: list[str], eos: int | None, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """(the documents' ids laid end to end, EOS after each; their lengths): compact to send between processes."""
+    ids = _encode(encoder, texts)
+    if eos is not None:
+        for x in ids:
+            x.append(eos)
+    lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+    return np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum())), lengths
+
+
+class _Tokenizer:
+    """Tokenizes batches of texts in this process (`workers` 1) or in a pool of `workers` processes, each
+    single-threaded; results come back in submission order, so the token stream is the same for any count."""
+
+    def __init__(self, encoder: Any, eos: int | None, dtype: np.dtype, workers: int):
+        self.encoder, self.eos, self.dtype, self.workers = encoder, eos, dtype, workers
+        self.pool: ProcessPoolExecutor | None = None
+        if workers > 1:
+            # spawn: the parent may hold torch and process-group threads, which a fork would copy mid-state
+            self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                            initializer=_start_worker, initargs=(encoder, eos, dtype))
+
+    @property
+    def depth(self) -> int:
+        """Batches kept in flight per source: enough to keep every worker busy."""
+        return 2 * self.workers if self.pool else 1
+
+    def submit(self, texts: list[str]) -> Future:
+        if self.pool is not None:
+            return self.pool.submit(_worker_tokenize, texts)
+        done: Future = Future()
+        with _one_thread():
+            done.set_result(_tokenize(self.encoder, texts, self.eos, self.dtype))
+        return done
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """One core for one worker: the Rust tokenizer otherwise spreads a batch over every core (its
+    TOKENIZERS_PARALLELISM variable is read at each call)."""
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["TOKENIZERS_PARALLELISM"]
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = before
+
+
+_WORKER: tuple[Any, int | None, np.dtype] | None = None
+
+
+def _start_worker(encoder: Any, eos: int | None, dtype: np.dtype) -> None:
+    global _WORKER
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _WORKER = (encoder, eos, dtype)
+
+
+def _worker_tokenize(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    assert _WORKER is not None
+    return _tokenize(_WORKER[0], texts, _WORKER[1], _WORKER[2])
+
+
+class _TokenStream:
+    """Documents of one spec, tokenized in batches ahead of need (at most `depth` batches in flight, and no
+    more text than the tokens still wanted, estimated from the characters per token seen so far)."""
+
+    def __init__(self, docs: Iterator[str], tokenizer: _Tokenizer):
+        self.docs, self.tokenizer = docs, tokenizer
         self.buffer: deque[np.ndarray] = deque()
+        self.buffered = 0  # tokens in `buffer`
+        self.pending: deque[tuple[Future, int]] = deque()  # (batch, its characters)
+        self.ahead_chars = 0  # characters in `pending`
         self.done = False
         self.chars_per_token = 3.0
+
+    @property
+    def exhausted(self) -> bool:
+        return self.done and not self.buffer and not self.pending
 
     def next(self, want_tokens: int) -> np.ndarray | None:
         """The next document's token ids (EOS appended), or None when the source is exhausted.
         `want_tokens` bounds how much is read ahead from an endless source."""
-        if not self.buffer and not self.done:
-            self._refill(want_tokens)
-        return self.buffer.popleft() if self.buffer else None
+        while not self.buffer:
+            self._submit(want_tokens)
+            if not self.pending:
+                return None
+            future, chars = self.pending.popleft()
+            self.ahead_chars -= chars
+            flat, lengths = future.result()
+            self.buffer.extend(np.split(flat, np.cumsum(lengths[:-1])))
+            self.buffered += len(flat)
+            self.chars_per_token = max(1.0, chars / max(1, len(flat)))
+        ids = self.buffer.popleft()
+        self.buffered -= len(ids)
+        self._submit(want_tokens - len(ids) - self.buffered)
+        return ids
 
-    def _refill(self, want_tokens: int) -> None:
-        texts, chars = [], 0
-        while len(texts) < _BATCH_DOCS and chars < _BATCH_CHARS and chars < want_tokens * self.chars_per_token:
-            text = next(self.docs, None)
-            if text is None:
-                self.done = True
-                break
-            texts.append(text)
-            chars += len(text)
-        if not texts:
-            return
-        ids = _encode(self.tokenizer, texts)
-        tail = [] if self.eos is None else [self.eos]
-        self.buffer.extend(np.array(x + tail, dtype=self.dtype) for x in ids)
-        self.chars_per_token = max(1.0, chars / max(1, sum(len(x) for x in ids)))
+    def _submit(self, want_tokens: int) -> None:
+        ahead = self.ahead_chars / self.chars_per_token
+        while not self.done and len(self.pending) < self.tokenizer.depth and ahead < want_tokens:
+            texts, chars = [], 0
+            limit = min(_BATCH_CHARS, (want_tokens - ahead) * self.chars_per_token)
+            while len(texts) < _BATCH_DOCS and chars < limit:
+                text = next(self.docs, None)
+                if text is None:
+                    self.done = True
+                    break
+                texts.append(text)
+                chars += len(text)
+            if not texts:
+                return
+            self.pending.append((self.tokenizer.submit(texts), chars))
+            self.ahead_chars += chars
+            ahead += chars / self.chars_per_token
 
 
 class Pool:
@@ -110,7 +231,7 @@ def _find_token_cache(cache_dir: Path, source_key: str, budget: int) -> Path | N
 
 
 def token_pool(specs: Sequence[str], tokenizer: Any, budget: int, *, seed: int, length_tokens: int | None,
-                cache_dir: Path, log: Callable[[str], None]) -> Pool:
+                cache_dir: Path, log: Callable[[str], None], workers: int = 1) -> Pool:
     identity = {"version": CACHE_VERSION, "tokenizer": tokenizer_fingerprint(tokenizer),
                 "eos": tokenizer.eos_token_id, "sources": [source_identity(s, seed, length_tokens) for s in specs]}
     source_key = hash_json(identity)[:20]
@@ -119,10 +240,24 @@ def token_pool(specs: Sequence[str], tokenizer: Any, budget: int, *, seed: int, 
         log(f"reusing tokenized data {found} for {', '.join(specs)}")
         return Pool(found, source_key, budget)
     final = cache_dir / f"tokens-{source_key}-{budget}"
-    log(f"tokenizing {', '.join(specs)} (up to {budget:,} tokens) into {final}")
+    log(f"tokenizing {', '.join(specs)} (up to {budget:,} tokens, {workers} worker{'s' * (workers > 1)}) "
+        f"into {final}")
     dtype = np.dtype(np.uint16 if len(tokenizer) <= 1 << 16 else np.uint32)
-    streams = [_TokenStream(iter_documents(s, seed, length_tokens=length_tokens), tokenizer,
-                            tokenizer.eos_token_id, dtype) for s in specs]
+    started = time.perf_counter()
+    workers_pool = _Tokenizer(_encoder(tokenizer), tokenizer.eos_token_id, dtype, workers)
+    try:
+        total = _write_tokens(final, specs, tokenizer, identity, budget, seed, length_tokens, workers_pool, dtype)
+    finally:
+        workers_pool.close()
+    seconds = time.perf_counter() - started
+    log(f"tokenized {total:,} tokens in {seconds:.1f} s ({total / max(seconds, 1e-9):,.0f} tokens/s)")
+    return Pool(final, source_key, budget)
+
+
+def _write_tokens(final: Path, specs: Sequence[str], tokenizer: Any, identity: dict[str, Any], budget: int, seed: int,
+                  length_tokens: int | None, workers: _Tokenizer, dtype: np.dtype) -> int:
+    """Read, tokenize and write one pool's cache directory; returns its token count."""
+    streams = [_TokenStream(iter_documents(s, seed, length_tokens=length_tokens), workers) for s in specs]
     taken = [0] * len(streams)
     lengths = array.array("q")  # 8 bytes a document: tens of millions of documents at paper scale
     sources = array.array("H")  # which spec each document came from
@@ -133,7 +268,7 @@ def token_pool(specs: Sequence[str], tokenizer: Any, budget: int, *, seed: int, 
             tqdm(total=budget, unit="tok", unit_scale=True, desc="tokenizing", disable=budget < 1 << 22) as bar:
         pending: list[np.ndarray] = []
         while total < budget:
-            live = [i for i, s in enumerate(streams) if not (s.done and not s.buffer)]
+            live = [i for i, s in enumerate(streams) if not s.exhausted]
             if not live:
                 break
             i = min(live, key=lambda j: (taken[j], j))  # the source furthest behind its equal share
@@ -161,4 +296,4 @@ def token_pool(specs: Sequence[str], tokenizer: Any, budget: int, *, seed: int, 
             "version": CACHE_VERSION, "specs": list(specs), "identity": identity, "budget": budget,
             "tokens": total, "documents": len(lengths), "exhausted": exhausted, "dtype": dtype.name,
             "eos_token_id": tokenizer.eos_token_id, "tokens_per_source": taken}, indent=1)
-    return Pool(final, source_key, budget)
+    return total
