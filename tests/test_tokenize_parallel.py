@@ -153,3 +153,17 @@ def test_an_unreadable_file_the_stream_reaches_is_one_line(hub_dataset, tokenize
     with pytest.raises(InputError, match=r"^could not read dataset 'org/books' \(\w+: [^\n]*\)$"):
         build_packed_dataset([spec], tokenizer, 512, num_tokens=10**7, cache_dir=tmp_path / "c", log=lambda m: None)
     assert not any((tmp_path / "c").glob("tokens-*"))
+
+
+def _die(texts):
+    import os
+
+    os._exit(1)
+
+
+def test_a_worker_that_dies_is_one_line_and_nothing_is_cached(tokenizer, corpus, tmp_path, monkeypatch):
+    monkeypatch.setattr(tokens, "_worker_tokenize", _die)  # what the spawned workers are sent by name
+    with pytest.raises(InputError, match=r"^a tokenize worker process died .*; nothing was cached: rerun"):
+        build_packed_dataset([str(corpus)], tokenizer, 512, num_tokens=10**5, cache_dir=tmp_path, workers=2,
+                             log=lambda m: None)
+    assert list(tmp_path.iterdir()) == []
