@@ -173,8 +173,35 @@ def test_init_takes_a_hub_tokenizer(hub, tmp_path):
     assert prov["args"]["tokenizer_hub"] == {"repo_id": "org/tiny", "commit": COMMIT, "subfolder": None}
     assert not (tmp_path / "fresh" / "tokenizer.json").is_symlink()
     one_line_exit_2(run("init", tmp_path / "other", "--preset", "tiny", "--attention", "baseline", "--tokenizer",
-                        "org/absent"), "hf download org/absent")
+                        "org/absent"), "hf download org/absent --include 'tokenizer*' ")
     assert not (tmp_path / "other").exists()
+
+
+@pytest.mark.parametrize("verb", ["init", "ruler prepare"])
+def test_a_hub_tokenizer_is_fetched_without_the_weights(verb, hub, tmp_path, monkeypatch):
+    """Only tokenizer files and config.json are asked of the Hub (the real snapshot_download, offline here,
+    sees the patterns it would download with): a model repo's weights are not needed to tokenize."""
+    import fnmatch
+
+    import huggingface_hub
+
+    from longctx.checkpoint import hub as hub_module
+
+    asked = []
+    real = huggingface_hub.snapshot_download
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **kw: asked.append(kw) or real(*a, **kw))
+    hub_module._snapshot.cache_clear()
+    if verb == "init":
+        r = run("init", tmp_path / "fresh", "--preset", "tiny", "--attention", "baseline", "--tokenizer", "org/tiny")
+    else:
+        r = run("ruler", "prepare", "--tokenizer", "org/tiny", "--lengths", "1k", "--tasks", "vt", "--samples", "1",
+                "-o", tmp_path / "tasks")
+    assert r.exit_code == 0, r.output
+    patterns = asked[-1]["allow_patterns"]
+    files = [f.name for f in (hub / "models--org--tiny" / "snapshots" / COMMIT).iterdir()]
+    fetched = {f for f in files if any(fnmatch.fnmatch(f, p) for p in patterns)}
+    assert "tokenizer.json" in fetched and "config.json" in fetched
+    assert not any(f.endswith(".safetensors") for f in fetched) and any(f.endswith(".safetensors") for f in files)
 
 
 def test_extend_trains_a_hub_checkpoint(hub, tmp_path):

@@ -78,7 +78,7 @@ def test_released_recipe_plans_with_its_models_not_downloaded(tmp_path, monkeypa
     assert r.exit_code == 0, r.output
     assert ("input  models.baseline.convert.source: QwQZh/gated_attention/1B_baseline is not in the local Hugging "
             "Face cache; its stage downloads it, or fetch it first: hf download QwQZh/gated_attention --include "
-            "1B_baseline/*") in r.output
+            "'1B_baseline/*'") in r.output
     assert r.output.count("convert.source: QwQZh/gated_attention/") == 3
     assert ("input  extend.data: hf:emozilla/pg19 is not in the local Hugging Face cache; its stage downloads it, "
             "or fetch it first: hf download --repo-type dataset emozilla/pg19") in r.output

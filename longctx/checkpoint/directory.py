@@ -20,7 +20,7 @@ from longctx.core.clock import utc_timestamp
 from longctx.core.errors import InputError
 from longctx.core.files import link_or_copy, write_json
 from longctx.core.hashing import cached_sha256_file
-from longctx.checkpoint.hub import hub_origin, resolve_checkpoint
+from longctx.checkpoint.hub import TOKENIZER_PREFIXES, hub_origin, resolve_checkpoint
 from longctx.checkpoint.weights import WEIGHT_SUFFIXES, check_weight_files, weight_files
 
 PROVENANCE_FILE = "longctx.json"
@@ -97,7 +97,6 @@ def fingerprint(path: str | os.PathLike) -> str:
 
 # --- side files: what a derived checkpoint carries over -------------------------------------------
 
-TOKENIZER_PREFIXES = ("tokenizer", "special_tokens", "chat_template", "vocab", "merges")
 
 
 def is_tokenizer_file(path: Path) -> bool:

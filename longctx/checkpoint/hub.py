@@ -19,6 +19,10 @@ from longctx.core.errors import InputError
 from longctx.core.kinds import HUB_ID
 
 _TRUE = ("1", "ON", "YES", "TRUE")
+# What a tokenizer is made of (file name prefixes): all a verb that only tokenizes fetches of a model repo,
+# with config.json, which AutoTokenizer may read for the model type.
+TOKENIZER_PREFIXES = ("tokenizer", "special_tokens", "chat_template", "vocab", "merges")
+TOKENIZER_PATTERNS = tuple(f"{p}*" for p in TOKENIZER_PREFIXES) + ("config.json",)
 # Formats no verb reads: left out of a download (a repo may hold GGUF, ONNX, the original Meta weights...).
 _NOT_NEEDED = ["*.gguf", "*.onnx", "*.onnx_data", "*.h5", "*.msgpack", "*.ot", "*.tflite", "*.mlmodel",
                "original/*", "onnx/*", "coreml/*", "*.md"]
@@ -55,17 +59,19 @@ def parse_hub_id(spec: str) -> tuple[str, str, str | None] | None:
 
 
 @functools.lru_cache(maxsize=64)
-def _snapshot(repo: str, subfolder: str, revision: str | None, offline: bool, cache: str) -> Path:
+def _snapshot(repo: str, subfolder: str, revision: str | None, offline: bool, cache: str,
+              tokenizer_only: bool = False) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
                                         RevisionNotFoundError)
 
     spec = f"{repo}{'/' + subfolder if subfolder else ''}{'@' + revision if revision else ''}"
-    get = download_command(repo, subfolder, revision)
+    get = download_command(repo, subfolder, revision, tokenizer_only)
+    prefix = f"{subfolder}/" if subfolder else ""
+    allow = [prefix + p for p in TOKENIZER_PATTERNS] if tokenizer_only else [f"{prefix}*"] if subfolder else None
     try:
         path = snapshot_download(repo, revision=revision, cache_dir=cache, local_files_only=offline,
-                                 allow_patterns=[f"{subfolder}/*"] if subfolder else None,
-                                 ignore_patterns=_NOT_NEEDED)
+                                 allow_patterns=allow, ignore_patterns=_NOT_NEEDED)
     except GatedRepoError:
         raise InputError(f"'{spec}' is a gated repo: accept its terms on huggingface.co and set HF_TOKEN "
                          "(or run: hf auth login)") from None
@@ -86,10 +92,12 @@ def _snapshot(repo: str, subfolder: str, revision: str | None, offline: bool, ca
     return folder
 
 
-def download_command(repo: str, subfolder: str, revision: str | None) -> str:
-    """The `hf download` command that puts a Hub checkpoint into the cache."""
+def download_command(repo: str, subfolder: str, revision: str | None, tokenizer_only: bool = False) -> str:
+    """The `hf download` command that puts a Hub checkpoint (or only its tokenizer) into the cache."""
+    prefix = f"{subfolder}/" if subfolder else ""
+    include = ([prefix + p for p in TOKENIZER_PATTERNS] if tokenizer_only else [f"{prefix}*"] if subfolder else [])
     return (f"hf download {repo}{f' --revision {revision}' if revision else ''}"
-            f"{f' --include {subfolder}/*' if subfolder else ''}")
+            f"{' --include ' + ' '.join(repr(p) if '*' in p else p for p in include) if include else ''}")
 
 
 def cached_file(spec: str, name: str) -> Path | None:
@@ -103,12 +111,13 @@ def cached_file(spec: str, name: str) -> Path | None:
     return Path(found) if isinstance(found, str) else None
 
 
-def resolve_checkpoint(spec: str | os.PathLike) -> Path:
-    """The local folder of a checkpoint spec: the path itself, or the cached Hub snapshot (fetched if needed)."""
+def resolve_checkpoint(spec: str | os.PathLike, tokenizer_only: bool = False) -> Path:
+    """The local folder of a checkpoint spec: the path itself, or the cached Hub snapshot (fetched if needed;
+    with `tokenizer_only`, only the tokenizer's files and config.json of it, not the weights)."""
     hub = parse_hub_id(os.fspath(spec)) if isinstance(spec, str) else None
     if hub is None:
         return Path(spec)
-    return _snapshot(*hub, offline_variable() is not None, str(hub_cache()))
+    return _snapshot(*hub, offline_variable() is not None, str(hub_cache()), tokenizer_only)
 
 
 def hub_origin(path: str | os.PathLike) -> dict[str, Any] | None:

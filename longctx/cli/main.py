@@ -227,7 +227,7 @@ def _prepare(s: PrepareSettings) -> None:
     from longctx.checkpoint.hub import resolve_checkpoint
     from ruler_tasks.prepare import prepare
 
-    r = prepare(resolve_checkpoint(s.tokenizer), s.lengths, s.tasks, s.samples, s.seed, s.template, s.data_dir,
+    r = prepare(resolve_checkpoint(s.tokenizer, tokenizer_only=True), s.lengths, s.tasks, s.samples, s.seed, s.template, s.data_dir,
                 s.essay, s.squad, s.hotpotqa, s.output, system_prompt=s.system_prompt,
                 chat_template_kwargs=s.chat_template_kwargs)
     click.echo(f"lengths: {', '.join(map(str, s.lengths))}")

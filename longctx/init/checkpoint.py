@@ -77,7 +77,7 @@ def init_checkpoint(s: InitSettings) -> InitResult:
     out = Path(s.output)
     dtype = s.dtype or PRESET_DTYPES[s.preset]
     # a folder, or a Hub id's snapshot (fetched now; offline and not cached: one line)
-    source = None if s.tokenizer in TOKENIZER_CHOICES else resolve_checkpoint(s.tokenizer)
+    source = None if s.tokenizer in TOKENIZER_CHOICES else resolve_checkpoint(s.tokenizer, tokenizer_only=True)
     if source is not None:
         require_tokenizer_files(source)  # a local folder was checked with the settings; a snapshot now
     check_output(out, CHECKPOINT_KIND, inputs=[("tokenizer", source)] if source else [], overwrite=s.overwrite)

@@ -268,7 +268,7 @@ def _dry_run(recipe: Recipe, steps: list[Step], from_stage: str | None, log: Cal
         hub = parse_hub_id(str(path))
         if hub is not None and _local_input(path) is None:
             log(f"input  {key}: {path} is not in the local Hugging Face cache; its stage downloads it, or "
-                f"fetch it first: {download_command(*hub)}")
+                f"fetch it first: {download_command(*hub, tokenizer_only=key.endswith('.init.tokenizer'))}")
     for key, spec in recipe_data(recipe):
         command = uncached_dataset(spec)
         if command is not None:
