@@ -67,11 +67,10 @@ def _snapshot(repo: str, subfolder: str, revision: str | None, offline: bool, ca
 
     spec = f"{repo}{'/' + subfolder if subfolder else ''}{'@' + revision if revision else ''}"
     get = download_command(repo, subfolder, revision, tokenizer_only)
-    prefix = f"{subfolder}/" if subfolder else ""
-    allow = [prefix + p for p in TOKENIZER_PATTERNS] if tokenizer_only else [f"{prefix}*"] if subfolder else None
     try:
         path = snapshot_download(repo, revision=revision, cache_dir=cache, local_files_only=offline,
-                                 allow_patterns=allow, ignore_patterns=_NOT_NEEDED)
+                                 allow_patterns=_wanted(subfolder, tokenizer_only) or None,
+                                 ignore_patterns=_NOT_NEEDED)
     except GatedRepoError:
         raise InputError(f"'{spec}' is a gated repo: accept its terms on huggingface.co and set HF_TOKEN "
                          "(or run: hf auth login)") from None
@@ -92,10 +91,15 @@ def _snapshot(repo: str, subfolder: str, revision: str | None, offline: bool, ca
     return folder
 
 
+def _wanted(subfolder: str, tokenizer_only: bool) -> list[str]:
+    """The file patterns of a repo a snapshot needs ([]: all of it)."""
+    prefix = f"{subfolder}/" if subfolder else ""
+    return [prefix + p for p in TOKENIZER_PATTERNS] if tokenizer_only else [f"{prefix}*"] if subfolder else []
+
+
 def download_command(repo: str, subfolder: str, revision: str | None, tokenizer_only: bool = False) -> str:
     """The `hf download` command that puts a Hub checkpoint (or only its tokenizer) into the cache."""
-    prefix = f"{subfolder}/" if subfolder else ""
-    include = ([prefix + p for p in TOKENIZER_PATTERNS] if tokenizer_only else [f"{prefix}*"] if subfolder else [])
+    include = _wanted(subfolder, tokenizer_only)
     return (f"hf download {repo}{f' --revision {revision}' if revision else ''}"
             f"{' --include ' + ' '.join(repr(p) if '*' in p else p for p in include) if include else ''}")
 

@@ -237,17 +237,18 @@ def _train_steps(acc, parts, ds, s: ExtendSettings, plan: Plan, work: Path, star
             capacity = None if peak is None else peak * plan.world_size * seconds
             mfu = None if capacity is None else flops.matmul_flops(real) / capacity
             mfu_attention = None if mfu is None or attention is None else mfu + attention / capacity
+            padding = 1 - real / plan.tokens_per_step
             entry = {"step": step + 1, "loss": round(loss, 6), "lr": lr, "grad_norm": round(grad_norm, 6),
                      "tokens": (step + 1) * plan.tokens_per_step,
                      "tokens_per_s": round(plan.tokens_per_step / seconds, 1), "seconds": round(seconds, 4),
-                     "compute_seconds": round(compute_s, 4), "padding": round(1 - real / plan.tokens_per_step, 6),
+                     "compute_seconds": round(compute_s, 4), "padding": round(padding, 6),
                      "mfu": None if mfu is None else round(mfu, 6),
                      "mfu_attention": None if mfu_attention is None else round(mfu_attention, 6)}
             if log_file is not None:
                 log_file.write(json.dumps(entry) + "\n")
                 log_file.flush()
             bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{entry['tokens_per_s']:,.0f}",
-                            pad=f"{1 - real / plan.tokens_per_step:.1%}",
+                            pad=f"{padding:.1%}",
                             **({} if mfu is None else {"mfu": f"{mfu:.0%}"}), refresh=False)
             bar.update(1)
             done = step + 1

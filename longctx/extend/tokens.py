@@ -88,7 +88,7 @@ def _tokenize(encoder: Any, texts: list[str], eos: int | None, dtype: np.dtype) 
     return np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum())), lengths
 
 
-class _Tokenizer:
+class _Workers:
     """Tokenizes batches of texts in this process (`workers` 1) or in a pool of `workers` processes, each
     single-threaded; results come back in submission order, so the token stream is the same for any count."""
 
@@ -151,8 +151,8 @@ class _TokenStream:
     """Documents of one spec, tokenized in batches ahead of need (at most `depth` batches in flight, and no
     more text than the tokens still wanted, estimated from the characters per token seen so far)."""
 
-    def __init__(self, docs: Iterator[str], tokenizer: _Tokenizer):
-        self.docs, self.tokenizer = docs, tokenizer
+    def __init__(self, docs: Iterator[str], tokenizing: _Workers):
+        self.docs, self.tokenizing = docs, tokenizing
         self.buffer: deque[np.ndarray] = deque()
         self.buffered = 0  # tokens in `buffer`
         self.pending: deque[tuple[Future, int]] = deque()  # (batch, its characters)
@@ -184,7 +184,7 @@ class _TokenStream:
 
     def _submit(self, want_tokens: int) -> None:
         ahead = self.ahead_chars / self.chars_per_token
-        while not self.done and len(self.pending) < self.tokenizer.depth and ahead < want_tokens:
+        while not self.done and len(self.pending) < self.tokenizing.depth and ahead < want_tokens:
             texts, chars = [], 0
             limit = min(_BATCH_CHARS, (want_tokens - ahead) * self.chars_per_token)
             while len(texts) < _BATCH_DOCS and chars < limit:
@@ -196,7 +196,7 @@ class _TokenStream:
                 chars += len(text)
             if not texts:
                 return
-            self.pending.append((self.tokenizer.submit(texts), chars))
+            self.pending.append((self.tokenizing.submit(texts), chars))
             self.ahead_chars += chars
             ahead += chars / self.chars_per_token
 
@@ -248,24 +248,24 @@ def token_pool(specs: Sequence[str], tokenizer: Any, budget: int, *, seed: int, 
         f"into {final}")
     dtype = np.dtype(np.uint16 if len(tokenizer) <= 1 << 16 else np.uint32)
     started = time.perf_counter()
-    workers_pool = _Tokenizer(_encoder(tokenizer), tokenizer.eos_token_id, dtype, workers)
+    tokenizing = _Workers(_encoder(tokenizer), tokenizer.eos_token_id, dtype, workers)
     try:
-        total = _write_tokens(final, specs, tokenizer, identity, budget, seed, length_tokens, workers_pool, dtype)
+        total = _write_tokens(final, specs, tokenizer, identity, budget, seed, length_tokens, tokenizing, dtype)
     except BrokenProcessPool:
         raise InputError(f"a tokenize worker process died (killed, or out of memory) while tokenizing "
                          f"{', '.join(specs)}; nothing was cached: rerun, with fewer --tokenize-workers if memory is "
                          "short") from None
     finally:
-        workers_pool.close()
+        tokenizing.close()
     seconds = time.perf_counter() - started
     log(f"tokenized {total:,} tokens in {seconds:.1f} s ({total / max(seconds, 1e-9):,.0f} tokens/s)")
     return Pool(final, source_key, budget)
 
 
 def _write_tokens(final: Path, specs: Sequence[str], tokenizer: Any, identity: dict[str, Any], budget: int, seed: int,
-                  length_tokens: int | None, workers: _Tokenizer, dtype: np.dtype) -> int:
+                  length_tokens: int | None, tokenizing: _Workers, dtype: np.dtype) -> int:
     """Read, tokenize and write one pool's cache directory; returns its token count."""
-    streams = [_TokenStream(iter_documents(s, seed, length_tokens=length_tokens), workers) for s in specs]
+    streams = [_TokenStream(iter_documents(s, seed, length_tokens=length_tokens), tokenizing) for s in specs]
     taken = [0] * len(streams)
     lengths = array.array("q")  # 8 bytes a document: tens of millions of documents at paper scale
     sources = array.array("H")  # which spec each document came from
