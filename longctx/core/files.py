@@ -322,3 +322,54 @@ class FolderLock:
         if self.fd is not None:
             os.close(self.fd)  # closing the last descriptor releases the flock
             self.fd = None
+
+
+class OutputLock:
+    """One writer for the output `out`, whether or not it exists yet, for as long as this object holds it
+    (`release()`, or a `with` block). It is an exclusive `flock` on a hidden file beside the output,
+    `.NAME.longctx-lock` in the nearest existing folder above it (NAME: the path below that folder, '/' as '%'),
+    which names the holder (pid and host). The kernel drops the lock when its process ends, so a lock left by a
+    killed process never blocks the next writer; `release()` removes the file. A process that locked a file
+    another one removed meanwhile sees that the path no longer names it, and tries again."""
+
+    def __init__(self, out: Path, what: str):
+        import fcntl
+
+        out = Path(out).absolute()
+        where = next((p for p in [out.parent, *out.parent.parents] if p.is_dir()), Path("/"))
+        name = out.relative_to(where).as_posix().replace("/", "%")
+        self.path = where / f".{name}{LOCK_FILE}"
+        self.fd: int | None = None
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 200, 0).decode(errors="replace").split()
+                os.close(fd)
+                who = f"process {holder[0]} on {holder[1]}" if len(holder) >= 2 else "another process"
+                raise InputError(f"{what} '{out}' is being written by {who} (lock {self.path}); wait for it to "
+                                 "finish, or choose another -o") from None
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # the holder before us removed that file as it released it
+        self.fd = fd
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)  # while still locked: a waiting process then finds the path gone
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> "OutputLock":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
