@@ -22,12 +22,12 @@ Three strategies, chosen from the loaded tokenizer's own pipeline description:
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections import Counter
 from typing import Sequence
 
+from longctx.core.parse import loads
 from ruler_tasks.text import Join, NumberedList, Part, Rows, render, truncate
 
 _BYTE_TOKEN = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
@@ -57,7 +57,7 @@ class TokenCounter:
     def __init__(self, tokenizer, strategy: str | None = None):
         self.backend = backend_of(tokenizer)
         self.verify = os.environ.get("RULER_TASKS_VERIFY_COUNTS", "") not in ("", "0")
-        spec = json.loads(self.backend.to_str())
+        spec = loads(self.backend.to_str())
         self._added = [t["content"] for t in spec.get("added_tokens", []) if t.get("content")]
         auto, why = _choose_strategy(spec)
         self.strategy = strategy or auto

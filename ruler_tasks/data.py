@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from longctx.core.parse import loads
 from ruler_tasks.errors import RulerDataWarning, RulerInputError
 
 SOURCES = ("essay", "squad", "hotpotqa")
@@ -96,8 +97,8 @@ def load_source(name: str, origin: str) -> DataSource:
         raw = p.read_bytes()
         _sniff_bad(raw, name, origin)
         try:
-            obj = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            obj = loads(raw)
+        except ValueError as e:  # not UTF-8, not JSON, or over a limit of `loads`
             raise RulerInputError(f"{name} file '{origin}' is not valid JSON ({e.__class__.__name__}: {str(e).splitlines()[0]}); give {WHAT[name]}") from None
     _validate(name, obj, origin)
     digest = hashlib.sha256(raw).hexdigest()

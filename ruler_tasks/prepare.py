@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from longctx.core.files import check_apart, open_atomic, write_json
+from longctx.core.files import check_output, make_output, open_atomic, write_json
 from longctx.core.hashing import hash_json, sha256_file, tokenizer_fingerprint
+from longctx.core.parse import loads
 from ruler_tasks.constants import UPSTREAM_COMMIT
 from ruler_tasks.errors import RulerInputError
 from ruler_tasks.registry import TaskSpec, resolve_tasks
@@ -31,6 +32,7 @@ from ruler_tasks.templates import TEMPLATE_NAMES, model_template
 
 MANIFEST = "manifest.json"
 FORMAT = "longctx-ruler-tasks/1"
+TASKS_KIND = "ruler tasks"  # its `longctx.core.files` output marker
 _MODULES = {"niah": "niah", "variable_tracking": "variable_tracking", "common_words_extraction": "common_words",
             "freq_words_extraction": "freq_words", "qa": "qa"}
 
@@ -57,24 +59,39 @@ class PrepareResult:
     manifest: dict = field(default_factory=dict)
 
 
-def load_tokenizer(path, trust_remote_code: bool = False):
-    """The fast tokenizer in folder `path` (its own code runs only with `trust_remote_code`)."""
+def load_tokenizer(path):
+    """The fast tokenizer in folder `path`, for library callers that hand `prepare` a folder. A tokenizer that
+    needs its own code is refused: load it with `longctx.checkpoint.tokenizer.load_tokenizer(path,
+    trust_remote_code=True)` (the rule every longctx verb applies) and pass the tokenizer instead."""
     p = Path(str(path))
     if not p.exists():
         raise RulerInputError(f"tokenizer path '{path}' does not exist (give a directory with tokenizer files)")
+    try:
+        settings = loads((p / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        settings = {}
+    if isinstance(settings, dict) and settings.get("auto_map"):
+        raise RulerInputError(f"the tokenizer in '{path}' needs its own code (tokenizer_config.json auto_map); "
+                              "load it with longctx.checkpoint.tokenizer.load_tokenizer(path, "
+                              "trust_remote_code=True) and pass the tokenizer")
     try:
         from transformers import AutoTokenizer
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            tok = AutoTokenizer.from_pretrained(str(p), trust_remote_code=trust_remote_code)
+            tok = AutoTokenizer.from_pretrained(str(p), trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - any load failure is a bad path for the user
         msg = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
         raise RulerInputError(f"could not load a tokenizer from '{path}' ({msg}); give a transformers tokenizer directory") from None
-    if not getattr(tok, "is_fast", False):
-        raise RulerInputError(f"the tokenizer in '{path}' is not a fast (tokenizers) tokenizer; add a tokenizer.json")
     check_tokenizer(tok, path)
     return tok
+
+
+def check_fast(tok, path) -> None:
+    """RulerInputError unless `tok` is a fast (Rust `tokenizers`) tokenizer: the exact length fitting and the
+    task files' tokenizer fingerprint read its definition."""
+    if not getattr(tok, "is_fast", False):
+        raise RulerInputError(f"the tokenizer in '{path}' is not a fast (tokenizers) tokenizer; add a tokenizer.json")
 
 
 def check_tokenizer(tok, path) -> None:
@@ -128,10 +145,10 @@ def _stat(paths) -> list:
 
 def _read_manifest(out: Path) -> dict:
     try:
-        manifest = json.loads((out / MANIFEST).read_text()) if (out / MANIFEST).is_file() else {}
-    except (OSError, json.JSONDecodeError):
+        manifest = loads((out / MANIFEST).read_bytes()) if (out / MANIFEST).is_file() else {}
+    except (OSError, ValueError):  # torn, or over a parse limit: regenerated
         manifest = {}
-    return manifest if manifest.get("format") == FORMAT else {"format": FORMAT}
+    return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else {"format": FORMAT}
 
 
 def _intact(out: Path, manifest: dict, rels: list[str]) -> bool:
@@ -145,7 +162,7 @@ def _english_words(path) -> tuple[list | None, str | None]:
         return None, None
     raw = Path(path).read_bytes()
     try:
-        words = list(json.loads(raw).values())
+        words = list(loads(raw).values())
     except Exception:  # noqa: BLE001
         raise RulerInputError(f"english words file '{path}' is not RULER's english_words.json (a JSON object)") from None
     return words, hashlib.sha256(raw).hexdigest()
@@ -201,11 +218,13 @@ def prepare(
     --system-prompt --chat-template-kwargs --data-dir --essay --squad --hotpotqa -o`. `tokenizer` is a
     tokenizer directory or an already loaded fast tokenizer. Bad input raises `RulerInputError` before anything
     is written; the few refusals only generation can find (no sample fits the length) remove the folder this
-    call made. `thinking` overrides what the chat template says of thinking (`model_template`).
+    call made. `thinking` overrides what the chat template says of thinking (`model_template`). `out_dir` is
+    checked, locked and marked like any verb's output (`longctx.core.files.check_output`): a folder of other
+    files is refused, one this function wrote (a `ruler tasks` output, or an older one with its manifest) is
+    reused and updated.
     """
     from ruler_tasks.data import load_source, resolve_sources
     from ruler_tasks.qa import check_samples
-    from ruler_tasks.words import wonderwords_version
 
     specs = resolve_tasks(tasks)
     lengths = _validate(list(lengths) if not isinstance(lengths, int) else lengths, samples, seed, template, specs)
@@ -213,18 +232,54 @@ def prepare(
     origins = resolve_sources(needed, data_dir, essay, squad, hotpotqa)
     loaded = not isinstance(tokenizer, (str, os.PathLike))
     tok = tokenizer if loaded else load_tokenizer(tokenizer)
+    # the tokenizer's folder (as given, or the one a loaded tokenizer came from) is an input: never written
+    source = Path(str(getattr(tok, "name_or_path", "") if loaded else tokenizer))
+    check_fast(tok, source)
     # a chat template that does not work: refused before writing
     mtemplate = model_template(template, tok, system_prompt, chat_template_kwargs, thinking)
     fp = tokenizer_fingerprint(tok)
     words, words_sha = _english_words(english_words)
     out = Path(out_dir)
-    if not loaded:
-        check_apart(out, [("tokenizer", Path(str(tokenizer)))])
-    manifest = _read_manifest(out)
+    request = _request(fp, lengths, specs, samples, seed, template, words_sha, (data_dir, essay, squad, hotpotqa),
+                       mtemplate, thinking)
     rels = [f"{L}/{s.name}.jsonl" for L in lengths for s in specs]
+    # The output is checked, locked and marked as `ruler run` takes its run directory: never a folder of the
+    # user's own files, one writer at a time.
+    with check_output(out, TASKS_KIND, inputs=[("tokenizer", source)] if source.is_dir() else [],
+                      legacy=_made_by_prepare):
+        manifest = _read_manifest(out)
+        if manifest.get("request") == request and _intact(out, manifest, rels):
+            return PrepareResult(out, [out / r for r in rels],
+                                 [TaskTiming(s.name, L, samples, 0.0, 0.0, True) for L in lengths for s in specs],
+                                 manifest)
+        data = {n: load_source(n, o) for n, o in origins.items()}
+        for spec in specs:
+            if spec.generator == "qa":
+                check_samples(spec.name, spec.args["dataset"], data[spec.args["dataset"]].obj, samples,
+                              spec.args.get("pre_samples", 0))
+        new = _first_missing(out)
+        make_output(out, TASKS_KIND)
+        path_name = getattr(tok, "name_or_path", None) if loaded else str(tokenizer)
+        try:
+            result = _generate(tok, fp, path_name, lengths, specs, samples, seed, mtemplate, data, words, words_sha,
+                               out, manifest, progress)
+        except RulerInputError:
+            if new is not None:  # a folder this call made: a refusal leaves nothing behind
+                shutil.rmtree(new, ignore_errors=True)
+            raise
+        manifest["request"] = request
+        write_json(out / MANIFEST, manifest)
+        return result
+
+
+def _request(fp: str, lengths: list[int], specs: list[TaskSpec], samples: int, seed: int, template: str,
+             words_sha: str | None, sources: tuple, mtemplate, thinking: bool | None) -> str:
+    """The hash of a whole request: the manifest that answered it answers it again while its files are intact."""
+    from ruler_tasks.words import wonderwords_version
+
     asked = {"tokenizer": fp, "lengths": lengths, "tasks": [(s.name, s.version) for s in specs],
              "samples": samples, "seed": seed, "template": template, "english_words": words_sha,
-             "sources": _stat((data_dir, essay, squad, hotpotqa)), "wonderwords": wonderwords_version()}
+             "sources": _stat(sources), "wonderwords": wonderwords_version()}
     # only when set: requests without them keep the hash (and the manifests) they always had
     if mtemplate.system_prompt is not None:
         asked["system_prompt"] = mtemplate.system_prompt
@@ -232,28 +287,12 @@ def prepare(
         asked["chat_template_kwargs"] = mtemplate.chat_template_kwargs
     if thinking is not None:
         asked["thinking"] = thinking
-    request = hash_json(asked)
-    if manifest.get("request") == request and _intact(out, manifest, rels):
-        return PrepareResult(out, [out / r for r in rels],
-                             [TaskTiming(s.name, L, samples, 0.0, 0.0, True) for L in lengths for s in specs], manifest)
-    data = {n: load_source(n, o) for n, o in origins.items()}
-    for spec in specs:
-        if spec.generator == "qa":
-            check_samples(spec.name, spec.args["dataset"], data[spec.args["dataset"]].obj, samples,
-                          spec.args.get("pre_samples", 0))
-    new = _first_missing(out)
-    out.mkdir(parents=True, exist_ok=True)
-    path_name = getattr(tok, "name_or_path", None) if loaded else str(tokenizer)
-    try:
-        result = _generate(tok, fp, path_name, lengths, specs, samples, seed, mtemplate, data, words, words_sha,
-                           out, manifest, progress)
-    except RulerInputError:
-        if new is not None:  # a folder this call made: a refusal leaves nothing behind
-            shutil.rmtree(new, ignore_errors=True)
-        raise
-    manifest["request"] = request
-    write_json(out / MANIFEST, manifest)
-    return result
+    return hash_json(asked)
+
+
+def _made_by_prepare(folder: Path) -> bool:
+    """A task folder written before outputs were marked (a manifest of this format): it is reused, and marked."""
+    return (folder / MANIFEST).is_file() and _read_manifest(folder) != {"format": FORMAT}
 
 
 def _first_missing(path: Path) -> Path | None:

@@ -14,6 +14,8 @@ template is dropped (inference servers add BOS themselves), and the NIAH singula
 from __future__ import annotations
 
 import json
+import sys
+import time
 from dataclasses import dataclass, field
 
 from ruler_tasks.errors import RulerInputError
@@ -27,6 +29,34 @@ _RESERVED_KWARGS = frozenset({
     "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
     "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
     "return_assistant_tokens_mask", "tokenizer_kwargs"})
+
+
+# The longest a chat template may take to render one conversation: a real one takes milliseconds; one with huge
+# loops (Jinja's sandbox caps each `range` at 100,000 items, not loops nested in loops) would never finish.
+RENDER_LIMIT_S = 10.0
+
+
+class _RenderTimeout(BaseException):
+    """A render past `RENDER_LIMIT_S` (a BaseException: the template's own `except Exception` cannot catch it)."""
+
+
+def _bounded(render, *args):
+    """`render(*args)`, stopped with `_RenderTimeout` once it has run `RENDER_LIMIT_S` seconds. Jinja compiles a
+    template to Python, so a trace function (sys.settrace) sees every line it runs and can end it; the
+    previous trace function (a debugger, coverage) is restored after."""
+    deadline = time.monotonic() + RENDER_LIMIT_S
+    previous = sys.gettrace()
+
+    def tracer(frame, event, arg):
+        if time.monotonic() > deadline:
+            raise _RenderTimeout
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        return render(*args)
+    finally:
+        sys.settrace(previous)
 
 
 def _esc(s: str) -> str:
@@ -150,7 +180,10 @@ def model_template(name: str, tokenizer=None, system_prompt: str | None = None,
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **(extra or {}))
 
     try:
-        text = render(system + user, kwargs)
+        text = _bounded(render, system + user, kwargs)
+    except _RenderTimeout:
+        raise RulerInputError(f"the tokenizer's chat template did not finish rendering one message within "
+                              f"{RENDER_LIMIT_S:g} s (the limit); fix its loops, or use --template base") from None
     except Exception as e:  # noqa: BLE001 - a template that does not render is a user-input problem
         raise RulerInputError(_render_failure(render, e, system, user, kwargs)) from None
     if not isinstance(text, str) or text.count(_SENTINEL) != 1:
@@ -168,8 +201,8 @@ def _render_failure(render, e: Exception, system: list, user: list, kwargs: dict
     """One line: which of our additions the template refuses (rendered again without each), and what to do."""
     def works(messages, extra) -> bool:
         try:
-            render(messages, extra)
-        except Exception:  # noqa: BLE001
+            _bounded(render, messages, extra)
+        except (Exception, _RenderTimeout):  # noqa: BLE001
             return False
         return True
 

@@ -105,10 +105,18 @@ def test_compare_shared_tasks_lengths_parent_and_baseline(tmp_path):
 
 
 def _predictions(run_dir, length, task, rows):
-    d = run_dir / "pred" / str(length)
-    d.mkdir(parents=True, exist_ok=True)
-    (d / f"{task}.jsonl").write_text("".join(json.dumps({"index": i, "pred": p, "outputs": o}) + "\n"
-                                             for i, (p, o) in enumerate(rows)))
+    """A task file of `rows`' references (each prompt names its references, as RULER's do) and the predictions
+    made from its prompts: scores come from the two together."""
+    from longctx.eval.predictions import prompt_hash
+
+    prompts = [f"Remember {' and '.join(o)}. Answer:" for _, o in rows]
+    for folder, lines in [("tasks", [{"index": i, "input": prompt, "outputs": o, "length": 10, "answer_prefix": ""}
+                                     for i, (prompt, (_, o)) in enumerate(zip(prompts, rows))]),
+                          ("pred", [{"index": i, "pred": p, "outputs": o, "prompt_sha256": prompt_hash(prompt)}
+                                    for i, (prompt, (p, o)) in enumerate(zip(prompts, rows))])]:
+        d = run_dir / folder / str(length)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"{task}.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
 
 
 def test_compare_rescores_on_the_samples_every_run_has(tmp_path):
@@ -122,6 +130,11 @@ def test_compare_rescores_on_the_samples_every_run_has(tmp_path):
     c = compare([big, small])
     assert c.per_length["big"] == {4096: 100.0} and c.per_length["small"] == {4096: 60.0}
     assert any("scored on the samples every run has: vt 4K: first 5" in n for n in c.notes)
+    # references come from the task file: references edited into the prediction lines change nothing
+    pred = big / "pred" / "4096" / "vt.jsonl"
+    pred.write_text("".join(json.dumps({**json.loads(line), "outputs": ["zzz"]}) + "\n"
+                            for line in pred.read_text().splitlines()))
+    assert compare([big, small]).per_length["big"] == {4096: 100.0}
     # other samples (different references): not rescored, and the note says why
     _predictions(small, 4096, "vt", [(r[0], [r[0] + "x"]) for r in refs[:5]])
     c = compare([big, small])

@@ -34,7 +34,7 @@ def test_prepare_writes_task_files_and_reuses_them(reference_tokenizer_dir, tmp_
     (["--samples", "0"], "0 is not in the range x>=1"),
     (["--lengths", "4k,4k"], "repeats 4096"),
     (["--tokenizer", "{tmp}/nowhere"], "does not exist"),
-    (["--tokenizer", "{tmp}"], "could not load a tokenizer"),
+    (["--tokenizer", "{tmp}"], "has no tokenizer files"),
     (["--data-dir", "{tmp}/lfs"], "LFS"),
 ])
 def test_prepare_bad_input(extra, message, reference_tokenizer_dir, tmp_path):

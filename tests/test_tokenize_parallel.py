@@ -67,8 +67,8 @@ def test_two_workers_write_the_same_cache_as_one(tokenizer, corpus, tmp_path, mo
     assert one.fingerprint == two.fingerprint and one.stats == two.stats
     assert [one.get(i)["input_ids"].tolist() for i in range(len(one))] == \
            [two.get(i)["input_ids"].tolist() for i in range(len(two))]
-    assert any("(up to 105,000 tokens, 2 workers)" in m for m in logs[2]), logs[2]
-    assert any("(up to 105,000 tokens, 1 worker)" in m for m in logs[1]), logs[1]
+    assert any("(up to 105,011 tokens, 2 workers)" in m for m in logs[2]), logs[2]
+    assert any("(up to 105,011 tokens, 1 worker)" in m for m in logs[1]), logs[1]
     assert sum("tokens/s" in m for m in logs[2]) == 2  # each pool says how fast it went
 
 

@@ -21,7 +21,10 @@ from longctx.core.errors import InputError
 from longctx.core.files import link_or_copy, write_json
 from longctx.core.hashing import cached_sha256_file
 from longctx.checkpoint.hub import TOKENIZER_PREFIXES, hub_origin, resolve_checkpoint
-from longctx.checkpoint.weights import WEIGHT_SUFFIXES, check_weight_files, weight_files
+from longctx.checkpoint.paths import check_code_inside
+from longctx.checkpoint.weights import (WEIGHT_SUFFIXES, check_weight_files, safetensors_header, weight_files,
+                                        weight_indexes)
+from longctx.core.parse import LimitError, loads
 
 PROVENANCE_FILE = "longctx.json"
 
@@ -41,15 +44,25 @@ def checkpoint_dir(path: str | os.PathLike) -> Path:
     # with one line before anything loads a model, starts an engine or writes (headers only; see weights.py).
     from longctx.checkpoint.rope import check_config_types
 
-    try:
-        cfg = json.loads((p / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        cfg = None  # read_config says what is wrong with the file
-    if isinstance(cfg, dict):
-        check_config_types(cfg, str(p / "config.json"))
-        check_token_ids(cfg, str(p / "config.json"))
+    cfg = _parse_config(p / "config.json")
+    check_config_types(cfg, str(p / "config.json"))
+    check_token_ids(cfg, str(p / "config.json"))
+    check_code_inside(p / "config.json", cfg)
     check_weight_files(p)
     return p
+
+
+def _parse_config(cfg_path: Path) -> dict[str, Any]:
+    """The JSON object in `cfg_path`, or InputError saying what is wrong with the file."""
+    try:
+        cfg = loads(cfg_path.read_text(encoding="utf-8"))
+    except LimitError as e:
+        raise InputError(f"'{cfg_path}': {e}; restore it from the original checkpoint") from None
+    except (OSError, ValueError) as e:  # UnicodeDecodeError, json.JSONDecodeError
+        raise InputError(f"{cfg_path} is not valid JSON ({e}); restore it from the original checkpoint") from None
+    if not isinstance(cfg, dict):
+        raise InputError(f"{cfg_path} holds a JSON {type(cfg).__name__}, not an object")
+    return cfg
 
 
 def check_token_ids(cfg: dict[str, Any], source: str) -> None:
@@ -70,18 +83,12 @@ def check_token_ids(cfg: dict[str, Any], source: str) -> None:
 
 def read_config(path: str | os.PathLike) -> dict[str, Any]:
     """The raw `config.json` of a checkpoint directory as a dict (no transformers defaults applied)."""
-    cfg_path = checkpoint_dir(path) / "config.json"
-    try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"{cfg_path} is not valid JSON ({e}); restore it from the original checkpoint") from None
-    if not isinstance(cfg, dict):
-        raise InputError(f"{cfg_path} holds a JSON {type(cfg).__name__}, not an object")
-    return cfg
+    return _parse_config(checkpoint_dir(path) / "config.json")
 
 
 def fingerprint(path: str | os.PathLike) -> str:
-    """Identity of a checkpoint: sha256 over its config (canonical JSON) and its weight files' hashes.
+    """Identity of a checkpoint: sha256 over its config (canonical JSON) and the hashes of its weight files
+    (`weights.weight_files`: the top-level ones and every shard an index names).
 
     Tokenizer files are not part of it: they do not change what the model computes for given ids.
     """
@@ -90,8 +97,8 @@ def fingerprint(path: str | os.PathLike) -> str:
     p = checkpoint_dir(path)
     h = hashlib.sha256()
     h.update(json.dumps(read_config(p), sort_keys=True, separators=(",", ":")).encode())
-    for w in weight_files(p):
-        h.update(f"\n{w.name}:{cached_sha256_file(w)}".encode())
+    for w in weight_files(p):  # every file a loader may read, shards in subfolders by their relative name
+        h.update(f"\n{w.relative_to(p).as_posix()}:{cached_sha256_file(w)}".encode())
     return h.hexdigest()
 
 
@@ -113,14 +120,16 @@ def is_side_file(path: Path) -> bool:
 
 def copy_side_files(src: Path, dst: Path, *, keep: Callable[[Path], bool] = lambda p: True,
                     link_weights: bool = False) -> None:
-    """Copy the side files of `src` that `keep` accepts into `dst`; with `link_weights` also the weights
-    and their index, hard-linked when the disk allows (a config-only change such as YaRN)."""
+    """Copy the side files of `src` that `keep` accepts into `dst`; with `link_weights` also the weights, exactly
+    the files the fingerprint covers (`weight_files`, shards in subfolders included), and their indexes,
+    hard-linked when the disk allows (a config-only change such as YaRN)."""
     for item in sorted(src.iterdir()):
-        target = dst / item.name
         if is_side_file(item) and keep(item):
-            shutil.copy2(item, target)
-        elif link_weights and item.is_file() and not item.name.startswith(".") and (
-                item.suffix in WEIGHT_SUFFIXES or item.name.endswith(".index.json")):
+            shutil.copy2(item, dst / item.name)
+    if link_weights:
+        for item in [*weight_files(src), *weight_indexes(src)]:
+            target = dst / item.relative_to(src)
+            target.parent.mkdir(parents=True, exist_ok=True)
             link_or_copy(item, target)
 
 
@@ -140,7 +149,7 @@ def versions() -> dict[str, str | None]:
 
 def read_provenance(path: Path) -> dict[str, Any]:
     """The `longctx.json` of a checkpoint ({} when it has none or it is unreadable)."""
-    from longctx.checkpoint.load import json_object
+    from longctx.core.files import json_object
 
     return json_object(path / PROVENANCE_FILE)
 
@@ -167,11 +176,7 @@ def count_parameters(path: Path) -> int | None:
     for w in weight_files(path):
         found = True
         if w.suffix == ".safetensors":
-            with open(w, "rb") as f:
-                header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-            for name, meta in header.items():
-                if name != "__metadata__":
-                    total += math.prod(meta["shape"])
+            total += sum(math.prod(meta["shape"]) for meta in safetensors_header(w).values())
         else:
             import torch
 

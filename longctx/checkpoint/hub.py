@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,8 @@ _TRUE = ("1", "ON", "YES", "TRUE")
 # What a tokenizer is made of (file name prefixes): all a verb that only tokenizes fetches of a model repo,
 # with config.json, which AutoTokenizer may read for the model type.
 TOKENIZER_PREFIXES = ("tokenizer", "special_tokens", "chat_template", "vocab", "merges")
-TOKENIZER_PATTERNS = tuple(f"{p}*" for p in TOKENIZER_PREFIXES) + ("config.json",)
+# The Python files too: the code a tokenizer_config.json's auto_map names (run only with --trust-remote-code).
+TOKENIZER_PATTERNS = tuple(f"{p}*" for p in TOKENIZER_PREFIXES) + ("config.json", "*.py")
 # Formats no verb reads: left out of a download (a repo may hold GGUF, ONNX, the original Meta weights...).
 _NOT_NEEDED = ["*.gguf", "*.onnx", "*.onnx_data", "*.h5", "*.msgpack", "*.ot", "*.tflite", "*.mlmodel",
                "original/*", "onnx/*", "coreml/*", "*.md"]
@@ -99,9 +101,9 @@ def _wanted(subfolder: str, tokenizer_only: bool) -> list[str]:
 
 def download_command(repo: str, subfolder: str, revision: str | None, tokenizer_only: bool = False) -> str:
     """The `hf download` command that puts a Hub checkpoint (or only its tokenizer) into the cache."""
+    argv = ["hf", "download", repo, *(["--revision", revision] if revision else [])]
     include = _wanted(subfolder, tokenizer_only)
-    return (f"hf download {repo}{f' --revision {revision}' if revision else ''}"
-            f"{' --include ' + ' '.join(repr(p) if '*' in p else p for p in include) if include else ''}")
+    return shlex.join([*argv, *(["--include", *include] if include else [])])
 
 
 def cached_file(spec: str, name: str) -> Path | None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from longctx.core.errors import InputError
+from longctx.core.files import json_object
 
 
 def _one_line(e: BaseException, limit: int = 240) -> str:
@@ -49,18 +50,6 @@ def check_remote_code(path: str | os.PathLike, what: str, classes: str | None, t
     if classes is not None and not trust:
         raise InputError(f"'{path}' needs its own Python code to build its {what} ({classes}); longctx runs it only "
                          "with --trust-remote-code (trust_remote_code: true in a recipe): read that code first")
-
-
-def json_object(path: Path) -> dict[str, Any]:
-    """The JSON object in file `path`; {} when there is none (whoever reads the file for its content reports a
-    missing or unreadable one)."""
-    import json
-
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
 
 
 def known_model_type(model_type: Any) -> bool:

@@ -19,6 +19,7 @@ import dataclasses
 import json
 import math
 import os
+import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -383,7 +384,7 @@ def yarn_command(checkpoint: str | os.PathLike, rope: RopeSettings, longest: int
     base = base or rope.context_length or longest
     factor = max(2, 2 ** math.ceil(math.log2(longest / base)))
     rescale = " --rescale" if rope.rope_type != "default" else ""
-    return f"longctx yarn {checkpoint} --factor {factor}{rescale}{flag}"
+    return f"longctx yarn {shlex.quote(os.fspath(checkpoint))} --factor {factor}{rescale}{flag}"
 
 
 def check_context(checkpoint: Path, rope: RopeSettings, longest: int) -> None:
@@ -421,12 +422,13 @@ def check_written_rope(written: str | os.PathLike | dict[str, Any], expected: Ro
     from transformers.utils import logging as hf_logging
 
     from longctx.checkpoint.load import _one_line, model_config
+    from longctx.core.parse import loads
 
     if isinstance(written, dict):
         cfg, folder = written, None
     else:
         folder = Path(written)
-        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        cfg = loads((folder / "config.json").read_text(encoding="utf-8"))  # what longctx itself wrote
     label = source or (str(folder / "config.json") if folder is not None else "config.json")
     what = f"longctx cannot write this RoPE for model_type '{cfg.get('model_type')}'"
     verbosity = hf_logging.get_verbosity()

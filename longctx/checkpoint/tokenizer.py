@@ -26,17 +26,13 @@ def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False) -> 
     one with ids the model's embedding has no row for. Code the checkpoint ships runs only with
     `trust_remote_code`."""
     from transformers import AutoTokenizer
-    from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
 
-    from longctx.checkpoint.load import check_remote_code, json_object, remote_code
+    from longctx.core.files import json_object
 
     from ruler_tasks.prepare import check_tokenizer
 
     require_tokenizer_files(path)
-    settings = json_object(Path(path) / "tokenizer_config.json")
-    name = settings.get("tokenizer_class")
-    known = isinstance(name, str) and tokenizer_class_from_name(name) is not None
-    check_remote_code(path, "tokenizer", remote_code(settings.get("auto_map"), known), trust_remote_code)
+    check_tokenizer_source(path, trust_remote_code)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -51,6 +47,38 @@ def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False) -> 
     check_tokenizer(tokenizer, path)
     check_tokenizer_fits(tokenizer, json_object(Path(path) / "config.json"), path)
     return tokenizer
+
+
+def check_tokenizer_source(path: str | os.PathLike, trust_remote_code: bool) -> None:
+    """The rule every verb applies before transformers builds the tokenizer in folder `path`: InputError when
+    tokenizer_config.json or config.json names a file outside `path` (code in `auto_map`, the tokenizer file
+    in `fast_tokenizer_files`: `longctx.checkpoint.paths`), or when the tokenizer needs its own code and
+    `trust_remote_code` is off: an `AutoTokenizer` entry in tokenizer_config.json's `auto_map` for a
+    `tokenizer_class` transformers does not have. Without the flag, transformers would build a generic
+    tokenizer in its place (AutoTokenizer falls back to TokenizersBackend when the model type is one it knows,
+    transformers/models/auto/tokenization_auto.py), which may split text differently from the model's own."""
+    from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
+
+    from longctx.checkpoint.load import check_remote_code, remote_code
+    from longctx.core.files import json_object
+    from longctx.checkpoint.paths import check_code_inside, check_inside
+
+    source = Path(path) / "tokenizer_config.json"
+    check_code_inside(Path(path) / "config.json")  # AutoTokenizer builds the config, with its code when trusted
+    settings = json_object(source)
+    check_code_inside(source, settings)
+    files = settings.get("fast_tokenizer_files")
+    for name in files if isinstance(files, list) else []:
+        if isinstance(name, str):
+            check_inside(source, "tokenizer file", name)
+    auto_map = settings.get("auto_map")
+    entry = auto_map if isinstance(auto_map, (list, tuple)) else (
+        auto_map.get("AutoTokenizer") if isinstance(auto_map, dict) else None)  # a legacy [slow, fast] pair
+    refs = [r for r in (entry if isinstance(entry, (list, tuple)) else [entry]) if isinstance(r, str)]
+    name = settings.get("tokenizer_class")
+    known = isinstance(name, str) and tokenizer_class_from_name(name) is not None
+    check_remote_code(path, "tokenizer", remote_code({"AutoTokenizer": refs} if refs else None, known),
+                      trust_remote_code)
 
 
 def embedding_rows(cfg: dict[str, Any]) -> int | None:

@@ -14,17 +14,24 @@ and a buffer the tensors do not cover exactly ("entirely indexed, and cannot con
 `.bin` / `.pt` / `.pth` (PyTorch's zip archive of a pickle): loaded as transformers and vLLM load them
 safely, `torch.load(weights_only=True)` (https://pytorch.org/docs/stable/generated/torch.load.html),
 memory-mapped so that no tensor data is read.
+
+Which files: those at the folder's top level (vLLM globs them) and every shard a `*.index.json` names in its
+`weight_map` (transformers opens those, also in subfolders). A shard name that is absolute or leads out of
+the folder is refused before anything is opened (`longctx.checkpoint.paths`); the fingerprint and `yarn`'s
+copy cover exactly `weight_files`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import zipfile
 from pathlib import Path
+from typing import Any
 
+from longctx.checkpoint.paths import check_inside
 from longctx.core.errors import InputError
+from longctx.core.parse import LimitError, loads
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 # What transformers' Trainer saves beside the weights of a `checkpoint-N/` folder: pickles, not weights.
@@ -48,20 +55,55 @@ _RESTORE = "restore it from the original checkpoint"
 _checked: set[tuple[str, int, int]] = set()
 
 
+def index_files(path: Path) -> list[Path]:
+    """The `*.index.json` files at the top of the checkpoint directory `path` (where transformers and vLLM look)."""
+    return sorted(f for f in path.iterdir() if f.name.endswith(".index.json") and f.is_file())
+
+
+def index_shards(index: Path) -> list[str]:
+    """The shard files the `weight_map` of a sharded checkpoint's index names, relative to its folder and
+    normalised, each once; InputError when the index is not valid JSON, names a file outside its folder
+    (`longctx.checkpoint.paths`) or one that is not there (transformers and vLLM open every shard)."""
+    try:
+        doc = loads(index.read_text(encoding="utf-8"))
+    except LimitError as e:
+        raise InputError(f"'{index}': {e}; {_RESTORE}") from None
+    except (OSError, ValueError) as e:
+        raise InputError(f"'{index}' is not valid JSON ({e}); {_RESTORE}") from None
+    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise InputError(f"'{index}' has no weight_map of tensor names to shard files; {_RESTORE}")
+    # every name is checked before any is opened: a name outside the folder is never read
+    shards = sorted({check_inside(index, "shard", shard) for shard in weight_map.values()})
+    for shard in shards:
+        if not (index.parent / shard).is_file():
+            raise InputError(f"'{index}' names the shard '{shard}', which is not in '{index.parent}'; copy the "
+                             "missing shard from the original checkpoint")
+    return shards
+
+
 def weight_files(path: Path) -> list[Path]:
-    """The weight files of the checkpoint directory `path` (not the Trainer's side files)."""
-    return sorted(p for p in path.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES
-                  and not p.name.startswith(TRAINER_FILES))
+    """The weight files a loader of the checkpoint directory `path` may read: those at its top level (vLLM
+    globs them; not the Trainer's side files) and every weight shard an index names (transformers follows
+    `weight_map`, also into subfolders), each once, sorted by their name relative to `path`. InputError from
+    `index_shards` for a broken index."""
+    names = {p.name for p in path.iterdir()
+             if p.is_file() and p.suffix in WEIGHT_SUFFIXES and not p.name.startswith(TRAINER_FILES)}
+    for index in index_files(path):
+        names.update(s for s in index_shards(index) if Path(s).suffix in WEIGHT_SUFFIXES)
+    return [path / name for name in sorted(names)]
+
+
+def weight_indexes(path: Path) -> list[Path]:
+    """The index files of `path` whose shards are all weight files (`weight_files` holds them): what a copy of
+    the weights carries with them (an index of another format, e.g. TensorFlow's, would name files it lacks)."""
+    return [i for i in index_files(path) if all(Path(s).suffix in WEIGHT_SUFFIXES for s in index_shards(i))]
 
 
 def check_weight_files(path: str | os.PathLike) -> None:
-    """InputError (one line naming the file) unless every weight file in the checkpoint directory `path` is
-    well formed, and every shard a `*.index.json` names is there. Reads headers only."""
-    p = Path(path)
-    for f in sorted(p.iterdir()):
-        if f.name.endswith(".index.json") and f.is_file():
-            _check_index(f)
-    for f in weight_files(p):
+    """InputError (one line naming the file) unless every index of the checkpoint directory `path` names only
+    shards inside it that are there, and every weight file (`weight_files`) is well formed. Reads headers only."""
+    for f in weight_files(Path(path)):
         st = f.stat()
         key = (str(f.resolve()), st.st_size, st.st_mtime_ns)
         if key in _checked:
@@ -71,21 +113,6 @@ def check_weight_files(path: str | os.PathLike) -> None:
         else:
             check_torch_file(f)
         _checked.add(key)
-
-
-def _check_index(index: Path) -> None:
-    """The shards a sharded checkpoint's index names must all be there (transformers and vLLM open each)."""
-    try:
-        doc = json.loads(index.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"'{index}' is not valid JSON ({e}); {_RESTORE}") from None
-    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise InputError(f"'{index}' has no weight_map of tensor names to shard files; {_RESTORE}")
-    for shard in sorted(set(weight_map.values())):
-        if not (index.parent / shard).is_file():
-            raise InputError(f"'{index}' names the shard '{shard}', which is not in '{index.parent}'; copy the "
-                             "missing shard from the original checkpoint")
 
 
 def _bad(file: Path, why: str) -> InputError:
@@ -108,8 +135,10 @@ def check_safetensors(file: str | os.PathLike) -> None:
             raise _bad(file, f"its header length {n} runs past the end of the file ({size} bytes; truncated?)")
         raw = f.read(n)
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        header = loads(raw.decode("utf-8"))
+    except LimitError as e:
+        raise _bad(file, f"its header is {e}") from None
+    except ValueError:  # UnicodeDecodeError, json.JSONDecodeError
         raise _bad(file, "its header is not UTF-8 JSON") from None
     if not isinstance(header, dict):
         raise _bad(file, f"its header is a JSON {type(header).__name__}, not an object")
@@ -228,12 +257,18 @@ def _first_line(e: BaseException) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
+def safetensors_header(file: Path) -> dict[str, Any]:
+    """The header of the safetensors file `file`, tensors only (call `check_safetensors` first; this trusts it)."""
+    with open(file, "rb") as handle:
+        header = loads(handle.read(int.from_bytes(handle.read(8), "little")))
+    return {name: info for name, info in header.items() if name != "__metadata__"}
+
+
 def safetensors_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
-    """{tensor name: shape} over the `*.safetensors` files of the checkpoint directory `path`, from their
-    headers (call `check_weight_files` first; this trusts them)."""
+    """{tensor name: shape} over the safetensors files among the `weight_files` of the checkpoint directory
+    `path`, from their headers (call `check_weight_files` first; this trusts them)."""
     shapes: dict[str, tuple[int, ...]] = {}
-    for f in sorted(Path(path).glob("*.safetensors")):
-        with open(f, "rb") as handle:
-            header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
-        shapes.update((name, tuple(info["shape"])) for name, info in header.items() if name != "__metadata__")
+    for f in weight_files(Path(path)):
+        if f.suffix == ".safetensors":
+            shapes.update((name, tuple(info["shape"])) for name, info in safetensors_header(f).items())
     return shapes

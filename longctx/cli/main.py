@@ -1,6 +1,8 @@
 """The `longctx` command line: one command per verb, its options derived from the verb's settings type.
 
-Bad input (a usage error, a bad setting, or a library `InputError`) prints one line and exits with code 2.
+Bad input (a usage error, a bad setting, or a library `InputError`) prints one line and exits with code 2, as
+does a refusal of the machine's inside a verb: a full disk, a read-only folder, a name too long, an input too
+deep or too large (`longctx.core.failures`).
 """
 
 from __future__ import annotations
@@ -224,12 +226,9 @@ def ruler():
 def _prepare(s: PrepareSettings) -> None:
     """Write RULER task files, byte-identical to upstream's generators for the same inputs."""
 
-    from longctx.checkpoint.hub import resolve_checkpoint
-    from ruler_tasks.prepare import prepare
+    from longctx.eval.tasks import prepare_tasks
 
-    r = prepare(resolve_checkpoint(s.tokenizer, tokenizer_only=True), s.lengths, s.tasks, s.samples, s.seed, s.template, s.data_dir,
-                s.essay, s.squad, s.hotpotqa, s.output, system_prompt=s.system_prompt,
-                chat_template_kwargs=s.chat_template_kwargs)
+    r = prepare_tasks(s)
     click.echo(f"lengths: {', '.join(map(str, s.lengths))}")
     reused = sum(t.reused for t in r.timings)
     click.echo(f"{len(r.files)} task files ({reused} reused) and {r.out_dir / 'manifest.json'} in {r.out_dir}")

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from longctx.core.failures import one_line_failures
 from longctx.core.kinds import Bool
 from longctx.core.settings import REQUIRED, Settings
 
@@ -52,9 +53,12 @@ def settings_from_params(cls: type[Settings], raw: dict[str, Any]) -> Settings:
 
 def settings_command(group: click.Group, name: str, cls: type[Settings], run: Callable[[Any], None]) -> click.Command:
     """Add to `group` the command `name` whose options are `cls`'s fields; `run(settings)` does the work and
-    its docstring is the command's help."""
+    its docstring is the command's help. A refusal of the machine's (a full disk, a read-only folder, ...) is
+    one line (`longctx.core.failures`)."""
     def callback(**raw: Any) -> None:
-        run(settings_from_params(cls, raw))
+        settings = settings_from_params(cls, raw)
+        with one_line_failures(settings.output_path()):
+            run(settings)
 
     cmd = click.Command(name, params=params(cls), callback=callback, help=run.__doc__)
     group.add_command(cmd)

@@ -73,8 +73,12 @@ def _load_weights(src: Path) -> dict[str, Any]:
     import torch
     from safetensors.torch import load_file
 
-    bins = sorted(src.glob("pytorch_model*.bin")) or sorted(src.glob("*.bin"))
-    files = bins or sorted(src.glob("*.safetensors"))
+    from longctx.checkpoint.weights import weight_files
+
+    # the files the fingerprint covers (an index's shards included), the .bin ones when there are any
+    weights = weight_files(src)
+    bins = [f for f in weights if f.suffix == ".bin"]
+    files = bins or [f for f in weights if f.suffix == ".safetensors"]
     if not files:
         raise _not_official(src, "no pytorch_model*.bin or *.safetensors weight files")
     state: dict[str, Any] = {}

@@ -10,14 +10,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from longctx.core.errors import InputError
+from longctx.core.parse import LimitError, loads
+from longctx.core.locks import OutputLock, check_link, hold_until_verb_ends
+from longctx.core.processes import is_main_process
 
 # Every folder a verb makes holds this file; only folders that do are ever replaced or removed.
 OWNER_FILE = ".longctx-output"
@@ -53,8 +57,21 @@ def _umask() -> int:
 # of a killed one (same host, no such process) from the work of a live one and remove only those.
 
 
-def _tmp_prefix(name: str, tag: str) -> str:
+def temp_prefix(name: str, tag: str) -> str:
+    """The start of this process's temporary names for `name` (`tempfile` appends the random part)."""
     return f".{name}.{tag}-{socket.gethostname()}-{os.getpid()}-"
+
+
+_TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?P<tag>[a-z]+)-(?P<host>.+)-(?P<pid>\d+)-[A-Za-z0-9_]+")
+
+
+def temporary_target(name: str, any_process: bool = False) -> str | None:
+    """The name a writer's temporary stands for, when `name` is one this process made (`any_process`: one
+    any process made); None otherwise."""
+    m = _TEMPORARY.fullmatch(name)
+    if m is None or not (any_process or (m["host"], m["pid"]) == (socket.gethostname(), str(os.getpid()))):
+        return None
+    return m["name"]
 
 
 def _process_gone(pid: int) -> bool:
@@ -85,7 +102,7 @@ def make_temp_dir(parent: Path, name: str, tag: str) -> Path:
     """A new folder `parent/.NAME.<tag>-<host>-<pid>-*` with ordinary permissions, after removing what killed
     processes left under that name and tag."""
     remove_leftovers(parent, name, tag)
-    tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(name, tag), dir=parent))
+    tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(name, tag), dir=parent))
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; the result is an ordinary directory
     return tmp
 
@@ -101,12 +118,14 @@ def link_or_copy(src: Path, dst: Path) -> None:
 
 def file_in_the_way(path: Path) -> Path | None:
     """The file (not a folder) at `path` or at the nearest of its parents that exists, if any: no folder can
-    be made at `path` then."""
+    be made at `path` then. A symbolic link to nothing is not a file: `check_link` says what it is."""
     for p in [path, *path.parents]:
         try:
             if p.is_dir():
                 return None
-            if p.exists() or p.is_symlink():
+            if p.is_symlink() and not p.exists():
+                return None
+            if p.exists():
                 return p
         except OSError:  # unreadable: let the verb say what it cannot do there
             return None
@@ -119,7 +138,7 @@ def open_atomic(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
     the block ends without error, and vanishes when it does not; the file gets ordinary permissions."""
     path = Path(path)
     remove_leftovers(path.parent, path.name, "tmp")
-    fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(path.name, "tmp"), dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path.name, "tmp"), dir=path.parent)
     try:
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": "\n"})) as f:
             yield f
@@ -147,8 +166,22 @@ def write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2) -> 
 
 
 def read_json(path: str | os.PathLike) -> Any:
-    """The JSON in `path`; OSError or ValueError (json.JSONDecodeError) for a missing or broken file."""
-    return json.loads(Path(path).read_text(encoding="utf-8"))
+    """The JSON in `path` (bounded: `longctx.core.parse.loads`); OSError or ValueError for a missing, broken or
+    too deeply nested file."""
+    return loads(Path(path).read_text(encoding="utf-8"))
+
+
+def json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in file `path`; {} when there is none (whoever reads the file for its content reports a
+    missing or unreadable one). InputError naming the file and the limit when it is nested deeper than
+    `longctx.core.parse` allows (a parser that recursed into it would crash)."""
+    try:
+        doc = read_json(path)
+    except LimitError as e:
+        raise InputError(f"'{path}': {e}; restore the file from where it came") from None
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 def read_versioned_json(path: Path, fmt: str, kind: str) -> dict:
@@ -190,7 +223,7 @@ def atomic_dir(out: str | os.PathLike, kind: str | None = None, keep_existing: s
             if kind is None or (any(out.iterdir()) and output_kind(out) != kind):
                 raise InputError(f"'{out}' appeared while it was being written and is not a longctx {kind}; "
                                  "nothing was replaced")
-            old = Path(tempfile.mkdtemp(prefix=_tmp_prefix(out.name, "old"), dir=out.parent))
+            old = Path(tempfile.mkdtemp(prefix=temp_prefix(out.name, "old"), dir=out.parent))
             out.rename(old / out.name)
             tmp.rename(out)
             shutil.rmtree(old)
@@ -232,9 +265,19 @@ def output_kind(folder: Path) -> str | None:
     return None
 
 
+def _not_ours(folder: Path) -> str:
+    """Why `folder` does not count as made by longctx: what is at its marker's place."""
+    marker = folder / OWNER_FILE
+    if marker.is_dir():
+        return f"its {OWNER_FILE} is a folder, not the file longctx marks its outputs with"
+    if marker.exists() or marker.is_symlink():
+        return f"its {OWNER_FILE} is not a longctx ownership mark"
+    return f"it has no {OWNER_FILE}"
+
+
 def check_apart(out: Path, inputs: Iterable[tuple[str, Path]]) -> None:
-    """InputError when the output `out` and an input overlap (either inside the other): writing one would
-    change the other."""
+    """InputError when the output `out` (a folder or a file) and an input overlap (either inside the other, or
+    the same file under another name: a link): writing one would change the other."""
     where = out.resolve()
     for label, path in inputs:
         src = Path(path).resolve()
@@ -242,34 +285,55 @@ def check_apart(out: Path, inputs: Iterable[tuple[str, Path]]) -> None:
             raise InputError(f"output '{out}' would hold the {label} '{path}'; choose an -o outside it")
         if where.is_relative_to(src):
             raise InputError(f"output '{out}' lies inside the {label} '{path}'; choose an -o outside it")
+        with contextlib.suppress(OSError):
+            if where.is_file() and src.is_file() and os.path.samefile(where, src):
+                raise InputError(f"output '{out}' is the {label} '{path}' (the same file); choose another -o")
 
 
 def check_output(out: Path, kind: str | tuple[str, ...], *, inputs: Iterable[tuple[str, Path]] = (),
-                 overwrite: bool | None = None) -> None:
-    """The check of a verb's output folder, before anything is written. It must not overlap an input; an
-    existing one must be a folder that is empty or a longctx output of `kind` (or of one of the kinds, when
-    several), never a folder longctx did not make.
+                 overwrite: bool | None = None, legacy: Callable[[Path], bool] | None = None,
+                 what: str = "output") -> contextlib.AbstractContextManager:
+    """The check of a verb's output folder, before anything is written, and its lock (`OutputLock`), taken
+    before the checks that look inside it. It must not overlap an input; an existing one must be a folder that
+    is empty or a longctx output of `kind` (or of one of the kinds, when several), never a folder longctx did
+    not make (`legacy`, when given, accepts a folder of `kind` made before outputs were marked).
     `overwrite` True or False: the verb replaces the output as a whole, so it may not hold the current
     directory, and with False an existing one is refused (pass --overwrite); None: the verb writes its files
-    into an existing output (a RULER run, a report) and never removes it."""
+    into an existing output (a RULER run, a report) and never removes it.
+    Returns the lock, held until the command that called this ends (the `longctx` verb: `hold_until_verb_ends`)
+    or until the caller releases it (`with check_output(...):`); in the other ranks of a multi-process launch
+    nothing is locked (the main process holds the lock)."""
+    check_link(out, what)
     check_apart(out, inputs)
     if overwrite is not None and Path.cwd().resolve().is_relative_to(out.resolve()):
-        raise InputError(f"output '{out}' holds the current directory; choose another -o")
+        raise InputError(f"{what} '{out}' holds the current directory; choose another -o")
     found = file_in_the_way(out)
     if found is not None:
         where = "is a file" if found == out else f"lies under '{found}', which is a file"
-        raise InputError(f"output '{out}' {where}, not a folder; choose another -o")
+        raise InputError(f"{what} '{out}' {where}, not a folder; choose another -o")
+    lock = hold_until_verb_ends(OutputLock(out, what)) if is_main_process() else contextlib.nullcontext()
+    try:
+        _check_owner(out, (kind,) if isinstance(kind, str) else kind, overwrite, legacy, what)
+    except BaseException:
+        lock.__exit__(None, None, None)
+        raise
+    return lock
+
+
+def _check_owner(out: Path, kinds: tuple[str, ...], overwrite: bool | None, legacy: Callable[[Path], bool] | None,
+                 what: str) -> None:
     if not out.exists() or not any(out.iterdir()):
         return
     found = output_kind(out)
+    if found is None and legacy is not None and legacy(out):
+        found = kinds[0]
     if found is None:
-        raise InputError(f"output '{out}' exists and was not made by longctx (it has no {OWNER_FILE}); longctx "
-                         "replaces only folders it made: choose another -o or move it away yourself")
-    kinds = (kind,) if isinstance(kind, str) else kind
+        raise InputError(f"{what} '{out}' exists and was not made by longctx ({_not_ours(out)}); longctx replaces "
+                         "only folders it made: choose another -o or move it away yourself")
     if found not in kinds:
-        raise InputError(f"output '{out}' is a longctx {found}, not a {' or a '.join(kinds)}; choose another -o")
+        raise InputError(f"{what} '{out}' is a longctx {found}, not a {' or a '.join(kinds)}; choose another -o")
     if overwrite is False:
-        raise InputError(f"output '{out}' already exists; pass --overwrite to replace it or choose another -o")
+        raise InputError(f"{what} '{out}' already exists; pass --overwrite to replace it or choose another -o")
 
 
 def remove_output(folder: Path, kind: str) -> None:
@@ -277,8 +341,9 @@ def remove_output(folder: Path, kind: str) -> None:
     if not folder.exists():
         return
     if any(folder.iterdir()) and output_kind(folder) != kind:
-        raise InputError(f"'{folder}' was not made by longctx as a {kind} (it has no matching {OWNER_FILE}); "
-                         "nothing was removed: move it away yourself or choose another -o")
+        why = _not_ours(folder) if output_kind(folder) is None else f"it is a longctx {output_kind(folder)}"
+        raise InputError(f"'{folder}' was not made by longctx as a {kind} ({why}); nothing was removed: move it "
+                         "away yourself or choose another -o")
     shutil.rmtree(folder)
 
 
@@ -289,87 +354,3 @@ def make_output(folder: Path, kind: str) -> Path:
     if output_kind(folder) is None:
         mark_output(folder, kind)
     return folder
-
-
-# --- one writer per folder ------------------------------------------------------------------------
-
-LOCK_FILE = ".longctx-lock"
-
-
-class FolderLock:
-    """An exclusive lock on a folder for as long as this object holds it (`release()`): `flock` on
-    FOLDER/.longctx-lock, which names the holder (pid and host). The kernel drops the lock when its process
-    ends, so a lock left by a killed process never blocks the next run; the file itself stays (removing it
-    would let two processes lock two different files)."""
-
-    def __init__(self, folder: Path, what: str):
-        import fcntl
-
-        self.path = folder / LOCK_FILE
-        self.fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(self.fd, 200, 0).decode(errors="replace").split()
-            self.release()
-            who = f"process {holder[0]} on {holder[1]}" if len(holder) >= 2 else "another process"
-            raise InputError(f"{what} '{folder}' is in use by {who} (lock {self.path}); wait for it to finish, "
-                             "or choose another -o") from None
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # closing the last descriptor releases the flock
-            self.fd = None
-
-
-class OutputLock:
-    """One writer for the output `out`, whether or not it exists yet, for as long as this object holds it
-    (`release()`, or a `with` block). It is an exclusive `flock` on a hidden file beside the output,
-    `.NAME.longctx-lock` in the nearest existing folder above it (NAME: the path below that folder, '/' as '%'),
-    which names the holder (pid and host). The kernel drops the lock when its process ends, so a lock left by a
-    killed process never blocks the next writer; `release()` removes the file. A process that locked a file
-    another one removed meanwhile sees that the path no longer names it, and tries again."""
-
-    def __init__(self, out: Path, what: str):
-        import fcntl
-
-        out = Path(out).absolute()
-        where = next((p for p in [out.parent, *out.parent.parents] if p.is_dir()), Path("/"))
-        name = out.relative_to(where).as_posix().replace("/", "%")
-        self.path = where / f".{name}{LOCK_FILE}"
-        self.fd: int | None = None
-        while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 200, 0).decode(errors="replace").split()
-                os.close(fd)
-                who = f"process {holder[0]} on {holder[1]}" if len(holder) >= 2 else "another process"
-                raise InputError(f"{what} '{out}' is being written by {who} (lock {self.path}); wait for it to "
-                                 "finish, or choose another -o") from None
-            try:
-                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)  # the holder before us removed that file as it released it
-        self.fd = fd
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
-
-    def release(self) -> None:
-        if self.fd is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)  # while still locked: a waiting process then finds the path gone
-            os.close(self.fd)
-            self.fd = None
-
-    def __enter__(self) -> "OutputLock":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()

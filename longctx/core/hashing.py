@@ -5,10 +5,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from longctx.core.files import cache_dir, write_json
+from longctx.core.parse import loads
 
 
 def sha256_file(path: str | Path) -> str:
@@ -26,8 +29,10 @@ def cached_sha256_file(path: Path) -> str:
     key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
     cache_file = cache_dir() / "file-hashes.json"
     try:
-        cache = json.loads(cache_file.read_text())
-    except (OSError, json.JSONDecodeError):
+        cache = loads(cache_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # none yet, or torn or over a limit: hashing again only costs time
+        cache = {}
+    if not isinstance(cache, dict):
         cache = {}
     if key not in cache:
         cache[key] = sha256_file(path)
@@ -35,6 +40,31 @@ def cached_sha256_file(path: Path) -> str:
             cache_file.parent.mkdir(parents=True, exist_ok=True)
             write_json(cache_file, cache, indent=None)
     return cache[key]
+
+
+def tree_files(root: Path, skip: Callable[[str], bool] = lambda name: False) -> list[str]:
+    """The files under the folder `root` as sorted POSIX paths relative to it, leaving out every file or folder
+    (with what it holds) whose name `skip` accepts; folder symlinks are not followed."""
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not skip(d)]
+        rel = Path(folder).relative_to(root)
+        found += [(rel / f).as_posix() for f in files if not skip(f)]
+    return sorted(found)
+
+
+# Files up to this size are hashed whole each time; larger ones (weights, optimizer states) through
+# `cached_sha256_file`, whose cache entry a change of size or modification time invalidates.
+_HASH_WHOLE_BYTES = 1 << 20
+
+
+def tree_hashes(root: Path, skip: Callable[[str], bool] = lambda name: False) -> dict[str, str]:
+    """sha256 of each of `tree_files(root, skip)`, by relative path."""
+    out = {}
+    for rel in tree_files(root, skip):
+        path = root / rel
+        out[rel] = sha256_file(path) if path.stat().st_size <= _HASH_WHOLE_BYTES else cached_sha256_file(path)
+    return out
 
 
 def hash_json(obj: Any) -> str:

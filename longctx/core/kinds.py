@@ -19,6 +19,8 @@ from typing import Any
 
 from longctx.core import units
 from longctx.core.files import file_in_the_way
+from longctx.core.parse import LimitError, loads
+from longctx.core.secrets import redact_url
 
 
 class KindError(ValueError):
@@ -62,6 +64,10 @@ class Kind:
         """`value` with its relative local paths made absolute against `base` (recipes)."""
         return value
 
+    def recorded(self, value: Any) -> Any:
+        """`value` as it may be written to a file or shown (provenance, stage markers, --help)."""
+        return value
+
 
 class Text(Kind):
     """A non-empty string (a path given as `os.PathLike` becomes its string)."""
@@ -74,6 +80,20 @@ class Text(Kind):
         if not isinstance(value, str) or not value.strip():
             raise self.wrong(value)
         return value
+
+
+class Url(Text):
+    """A URL that may carry a credential (user info, query values): recorded and shown redacted
+    (`longctx.core.secrets`)."""
+
+    metavar = "URL"
+    words = "a URL"
+
+    def recorded(self, value):
+        return redact_url(value) if isinstance(value, str) else value
+
+    def show(self, value):
+        return str(self.recorded(value))
 
 
 class Choice(Kind):
@@ -361,8 +381,10 @@ class Overrides(Kind):
                 if not sep or not key.strip():
                     raise KindError(f"is invalid: '{item}' is not KEY=VALUE (e.g. max_position_embeddings=256)")
                 try:
-                    out[key.strip()] = json.loads(text)
-                except json.JSONDecodeError:
+                    out[key.strip()] = loads(text)
+                except LimitError as e:
+                    raise KindError(f"is invalid: '{key.strip()}': {e}") from None
+                except ValueError:  # not JSON: the text itself
                     out[key.strip()] = text
             return out
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
@@ -385,9 +407,11 @@ class JsonObject(Kind):
     def parse(self, value):
         if isinstance(value, str):
             try:
-                value = json.loads(value)
+                value = loads(value)
             except json.JSONDecodeError as e:
                 raise KindError(f"must be a JSON object, got {value!r} ({e.msg} at character {e.pos})") from None
+            except LimitError as e:
+                raise KindError(f"must be a JSON object ({e})") from None
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
             raise self.wrong(value)
         return dict(value)

@@ -56,14 +56,29 @@ def loads(data: str | bytes, *, max_depth: int = MAX_DEPTH, max_bytes: int | Non
     return value
 
 
-def load_yaml(text: str, *, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_YAML_NODES) -> Any:
+def load_yaml(text: str, *, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_YAML_NODES,
+              max_bytes: int | None = None) -> Any:
     """`yaml.safe_load(text)`, refusing a mapping with a key twice (YAML 1.2 requires unique keys; PyYAML keeps
-    the last one silently), nesting deeper than `max_depth`, and a document whose aliases expand to more than
-    `max_nodes` nodes. Errors are `yaml.YAMLError` (syntax, duplicate keys) or LimitError."""
+    the last one silently), nesting deeper than `max_depth`, a document whose aliases expand to more than
+    `max_nodes` nodes, and text longer than `max_bytes` characters. Errors are `yaml.YAMLError` (syntax,
+    duplicate keys) or LimitError."""
     import yaml
 
+    check_size(len(text), max_bytes)
+
     class Loader(yaml.SafeLoader):
-        pass
+        depth = 0
+
+        def compose_node(self, parent, index):
+            # PyYAML's composer recurses once per nesting level (yaml/composer.py, `compose_node`): count the
+            # levels, so that deep nesting is a LimitError and not a RecursionError
+            self.depth += 1
+            try:
+                if self.depth > max_depth + 1:
+                    raise LimitError(f"YAML nested deeper than {max_depth} levels")
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
 
     def mapping(loader: Loader, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen = set()

@@ -88,6 +88,12 @@ class Settings:
         it writes anything, a recipe when it is loaded. `offline_data`: also refuse `hf:` data that is not in
         the local cache while offline (a recipe's --dry-run lists such data instead)."""
 
+    def output_path(self) -> str | None:
+        """The path the verb writes (its `output` setting, when it has one), for the command line's clean-up
+        after a failure (`longctx.core.failures`); a verb whose output defaults to a path computed from its
+        other settings overrides this."""
+        return getattr(self, "output", None)
+
     def error(self, text: str, cli_text: str | None = None) -> SettingError:
         return SettingError(text, type(self), cli_text)
 
@@ -130,8 +136,9 @@ class Settings:
         return f"{spec.group}.{key}" if spec.group else key
 
     def record(self) -> dict[str, Any]:
-        """The settings as a JSON-ready dict (provenance, stage hashes)."""
-        return {f.name: getattr(self, f.name) for f, _ in self.specs()}
+        """The settings as a JSON-ready dict to write down (provenance, stage hashes): a value that may hold a
+        secret in its recorded (redacted) form."""
+        return {f.name: spec.kind.recorded(getattr(self, f.name)) for f, spec in self.specs()}
 
     def to_args(self) -> list[str]:
         """Command-line arguments that parse back to these settings: the arguments, then every option whose

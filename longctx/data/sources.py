@@ -14,12 +14,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from longctx.checkpoint.hub import hf_home, hub_cache, offline_variable
 from longctx.core.errors import InputError
+from longctx.core.parse import LimitError, loads
 
 TEXT_SUFFIXES = (".txt", ".md")
 JSON_SUFFIXES = (".jsonl", ".json")
@@ -68,13 +70,13 @@ def _json_documents(path: Path) -> Iterator[str]:
         f.seek(0)
         try:
             if path.suffix.lower() == ".json" and first == "[":
-                for i, record in enumerate(json.load(f)):
+                for i, record in enumerate(loads(f.read())):
                     yield _record_text(record, f"{path} record {i}")
                 return
             for n, line in enumerate(f, 1):
                 if line.strip():
-                    yield _record_text(json.loads(line), f"{path} line {n}")
-        except json.JSONDecodeError as e:
+                    yield _record_text(loads(line), f"{path} line {n}")
+        except (json.JSONDecodeError, LimitError) as e:
             raise InputError(f"{path} is not valid JSON/JSONL ({e}); "
                              "write one JSON object per line with a \"text\" field") from None
 
@@ -171,7 +173,7 @@ def uncached_dataset(spec: str) -> str | None:
 
 
 def _download_command(name: str) -> str:
-    return f"hf download --repo-type dataset {name}"
+    return shlex.join(["hf", "download", "--repo-type", "dataset", name])
 
 
 def _offline_source(name: str) -> Path | None:

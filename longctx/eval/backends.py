@@ -17,7 +17,7 @@ import re
 import sys
 import time
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -128,6 +128,7 @@ class VllmBackend:
     tokenizing long prompts overlaps with generation, and finished requests are reported per step."""
 
     name = "vllm"
+    credential = None  # no endpoint: nothing authenticates
 
     def __init__(self, checkpoint: str, max_model_len: int, *, tensor_parallel_size: int = 1,
                  data_parallel_size: int = 1, dtype: str = "auto", gpu_memory_utilization: float | None = None,
@@ -207,6 +208,8 @@ class VllmBackend:
     def _start(self):
         """`vllm.LLM(...)`, imported and started with its output (~200 lines when it fails) in a log file; a
         failure is one line that names the cause and the file."""
+        from longctx.core.processes import children_bound
+
         log = self._log_path()
         try:
             with _output_to(log):
@@ -222,8 +225,11 @@ class VllmBackend:
                         # vLLM's CPU build reserves gpu_memory_utilization (default 0.92) of the NUMA node's RAM
                         # and refuses to start when that much is not free; size the KV cache explicitly instead.
                         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
-                return LLM(model=self.checkpoint, max_model_len=self.max_model_len, **self.kwargs,
-                           **self.engine_args)
+                # vLLM's engine process (and through it its workers) dies with this process, a kill -9 included
+                # (`longctx.core.processes`); started here, in the thread that runs the whole evaluation.
+                with children_bound():
+                    return LLM(model=self.checkpoint, max_model_len=self.max_model_len, **self.kwargs,
+                               **self.engine_args)
         except InputError:
             raise
         except Exception as e:  # noqa: BLE001 - whatever stops the engine, the user gets one line and the log
@@ -302,6 +308,7 @@ class HfBackend:
     """transformers `generate`, one prompt at a time (greedy): for models vLLM cannot run, and cross-checks."""
 
     name = "hf"
+    credential = None  # no endpoint: nothing authenticates
 
     def __init__(self, checkpoint: str, max_model_len: int, *, dtype: str = "auto", device: str | None = None,
                  seed: int = 0, trust_remote_code: bool = False):
@@ -376,9 +383,32 @@ class HfBackend:
             on_result(r, self.tok.decode(out[0, n:], skip_special_tokens=True), n)
 
 
-def make_backend(s: RulerRunSettings, checkpoint: str, max_model_len: int, engine=None):
+def _check_weights(s: RulerRunSettings, checkpoint: str) -> None:
+    """InputError when the checkpoint's weight files do not hold the model its config.json describes (with
+    vLLM's `hf_overrides` applied, as vLLM applies them): the same refusal whatever the backend, before the run
+    directory is made, rather than from the model load after it."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    from longctx.checkpoint.load import check_weight_shapes, model_config
+
+    config = model_config(checkpoint, trust_remote_code=s.trust_remote_code)
+    overrides = s.engine_args.get("hf_overrides") if s.backend == "vllm" else None
+    if isinstance(overrides, dict):
+        config.update(overrides)
+    # vLLM runs architectures transformers has no causal LM for (its own model registry): their weights are
+    # vLLM's to check. The hf backend needs one, and check_weight_shapes refuses the config without it.
+    builds = type(config) in MODEL_FOR_CAUSAL_LM_MAPPING or "AutoModelForCausalLM" in (
+        getattr(config, "auto_map", None) or {})
+    if builds or s.backend == "hf":
+        check_weight_shapes(checkpoint, config, s.trust_remote_code)
+
+
+def make_backend(s: RulerRunSettings, checkpoint: str, max_model_len: int, engine=None,
+                 log: Callable[[str], None] | None = None):
     """The backend `s` asks for, with the options it gives, checked before anything is generated or written:
-    an openai endpoint is probed; hf: the device and the config; vllm (unless `engine` is given): the config.
+    the checkpoint's weights against its config (every backend); an openai endpoint is probed; hf: the device
+    and the config; vllm (unless `engine` is given): the config. `log` receives what a backend says while it
+    generates (an openai endpoint that asks for a long wait).
 
     Whatever the backend, the task files are cut with the checkpoint's tokenizer, so it is checked for every
     one: an empty tokenizer (a folder with tokenizer_config.json only) encodes RULER's haystack to no tokens,
@@ -387,13 +417,14 @@ def make_backend(s: RulerRunSettings, checkpoint: str, max_model_len: int, engin
     from longctx.checkpoint.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(checkpoint, s.trust_remote_code)
+    _check_weights(s, checkpoint)
     if s.backend == "openai":
         from longctx.eval.openai_backend import OpenAIBackend
 
         backend = OpenAIBackend(s.base_url, s.model, checkpoint=s.checkpoint, checkpoint_dir=checkpoint,
                                 max_model_len=max_model_len, trust_served_model=s.trust_served_model,
                                 concurrency=s.concurrency, timeout=s.request_timeout, retries=s.max_retries,
-                                seed=s.seed)
+                                seed=s.seed, log=log)
         backend.check()
         return backend
     if s.backend == "hf":

@@ -23,8 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from longctx.core.errors import InputError
-from longctx.core.files import (RULER_RUN_KIND, FolderLock, link_or_copy, make_temp_dir, mark_output, output_kind,
+from longctx.core.parse import loads
+from longctx.core.files import (RULER_RUN_KIND, link_or_copy, make_temp_dir, mark_output, output_kind,
                                 write_json)
+from longctx.core.locks import OutputLock
 
 RUN_FILE = "run.json"
 RUN_FORMAT = "longctx-ruler-run/1"
@@ -63,6 +65,14 @@ def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return diffs
 
 
+def _url(value: Any) -> Any:
+    """A bound URL as a message may show it: redacted (run.json files written before URLs were redacted
+    hold them as given, credentials included)."""
+    from longctx.core.secrets import redact_url
+
+    return redact_url(value) if isinstance(value, str) else value
+
+
 def _option_differences(was: dict[str, Any], now: dict[str, Any]) -> list[str]:
     """'--dtype "bfloat16" -> "float32"', '--engine-arg kv_cache_dtype "fp8" -> null', ...."""
     diffs = []
@@ -72,7 +82,8 @@ def _option_differences(was: dict[str, Any], now: dict[str, Any]) -> list[str]:
             diffs += [f"--engine-arg {a} {_shown(args_was.get(a))} -> {_shown(args_now.get(a))}"
                       for a in dict.fromkeys([*args_was, *args_now]) if args_was.get(a) != args_now.get(a)]
         elif was.get(k) != now.get(k):
-            diffs.append(f"{_ENGINE_LABELS.get(k, k)} {_shown(was.get(k))} -> {_shown(now.get(k))}")
+            old, new = (_url(v) if k == "base_url" else v for v in (was.get(k), now.get(k)))
+            diffs.append(f"{_ENGINE_LABELS.get(k, k)} {_shown(old)} -> {_shown(new)}")
     return diffs
 
 
@@ -84,8 +95,8 @@ def check_run_dir(out: Path, binding: dict[str, Any]) -> dict[str, Any]:
         raise InputError(f"'{out}' is a file, not a folder; choose another -o")
     if path.is_file():
         try:
-            run = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            run = loads(path.read_bytes())
+        except (OSError, ValueError) as e:
             raise InputError(f"{path} is unreadable ({e.__class__.__name__}); use another -o") from None
         if not isinstance(run, dict) or run.get("format") != RUN_FORMAT or not isinstance(run.get("files", {}), dict):
             raise InputError(f"{path} is not a longctx ruler run file; use another -o")
@@ -139,21 +150,19 @@ class StagedRun:
 
     def __init__(self, out: Path):
         self.out = out
+        # One writer per run directory, from here to the end of the run (`lock`, released by its owner). The lock
+        # makes the folders above a new run directory, and removes them again when released unused: a refusal
+        # leaves no parents behind.
+        self.lock: OutputLock | None = OutputLock(out, "run directory")
         self.fresh = not out.exists()
-        # a new run directory is staged in the nearest folder that exists: a refusal leaves no parents behind
-        where = next(p for p in out.absolute().parents if p.is_dir()) if self.fresh else out
+        where = out.parent if self.fresh else out
         name = out.name if self.fresh else TASKS_DIR
-        # One writer per run directory, from here to the end of the run (`lock`, released by its owner): an
-        # existing one is locked itself; a new one is locked in its staging folder, which becomes it.
-        self.lock = FolderLock(out, "run directory") if not self.fresh else None
         try:
             self.root: Path | None = make_temp_dir(where, name, STAGE_TAG)
         except OSError as e:
             self.release()
             raise InputError(f"cannot write in '{where}' ({e.strerror or e.__class__.__name__}); "
                              "choose another -o") from None
-        if self.fresh:
-            self.lock = FolderLock(self.root, "run directory")
         self.tasks = self.root / TASKS_DIR
         if not self.fresh and (out / TASKS_DIR).is_dir():
             _link_tree(out / TASKS_DIR, self.tasks)
@@ -191,6 +200,7 @@ class StagedRun:
         """Let another process write into the run directory."""
         if self.lock is not None:
             self.lock.release()
+            self.lock = None
 
 
 @contextlib.contextmanager

@@ -68,6 +68,8 @@ def _convert_one(action: argparse.Action, value: Any, what: str) -> Any:
         text = text.lower()
     try:
         typed = action.type(text) if action.type is not None else text
+    except RecursionError:  # vLLM's JSON arguments are parsed with json.loads, unbounded
+        raise InputError(f"{what}: vLLM's {action.option_strings[0]} refuses a value nested this deep") from None
     except (ValueError, TypeError, argparse.ArgumentTypeError, json.JSONDecodeError) as e:
         raise InputError(f"{what}: vLLM's {action.option_strings[0]} refuses {value!r} ({e})") from None
     if action.choices is not None and typed not in action.choices:

@@ -7,16 +7,21 @@ vLLM's model cards carry the served name (`id`), what it loaded (`root`) and `ma
 A request that fails with HTTP 429/5xx, a connection error or a timeout is retried (`Retry-After`
 honoured, else exponential backoff); when one fails for good, the requests in flight finish and are
 reported before the error is raised, so that a rerun continues from every prediction made.
+Every exchange is bounded (`longctx.eval.endpoint`): `--request-timeout` is the time for the whole answer, not
+for each read; a body over `MAX_MODELS_BYTES`/`MAX_COMPLETION_BYTES` is not read on; JSON is parsed with
+`longctx.core.parse.loads` (nesting bounded). The URL is shown and recorded redacted (`redact_url`).
 """
 
 from __future__ import annotations
 
 import email.utils
+import math
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from itertools import islice
 from typing import Any
@@ -24,6 +29,8 @@ from typing import Any
 import httpx
 
 from longctx.core.errors import InputError
+from longctx.core.parse import LimitError, loads
+from longctx.eval.endpoint import BoundedTransport, Endpoint, read_body
 from longctx.eval.request import OnResult, Request
 
 # The longest `Retry-After` honoured: a server (or a proxy in front of it) asking for more would stall the run
@@ -32,11 +39,20 @@ MAX_RETRY_AFTER_S = 300.0
 # The longest wait for a TCP connection and for the `GET /models` probe: a server that is up answers both at
 # once, whatever the time one completion takes.
 CONNECT_TIMEOUT_S = 10.0
+# The longest `Retry-After` the `GET /models` probe waits for: a server asking for more is not ready, and the
+# run says so at once rather than sleep before anything has started.
+PROBE_MAX_WAIT_S = 10.0
+# A wait before retrying a completion at least this long is said (one line), not slept through silently.
+LONG_WAIT_S = 10.0
+# The largest bodies read: a model list is a few kB, a completion of RULER's budgets (<= 128 tokens, plus a
+# thinking budget) a few hundred kB at most.
+MAX_MODELS_BYTES = 1 << 20
+MAX_COMPLETION_BYTES = 16 << 20
 
 
-def retry_after(value: str | None, now: datetime | None = None) -> float | None:
+def retry_after(value: str | None, now: datetime | None = None, cap: float = MAX_RETRY_AFTER_S) -> float | None:
     """The seconds a `Retry-After` header asks to wait (RFC 9110 §10.2.3: delay-seconds or an HTTP-date),
-    at most `MAX_RETRY_AFTER_S`; None when there is no header or it says neither."""
+    at most `cap`; None when there is no header or it says neither."""
     if value is None or not value.strip():
         return None
     value = value.strip()
@@ -50,7 +66,7 @@ def retry_after(value: str | None, now: datetime | None = None) -> float | None:
         if when.tzinfo is None:  # an HTTP-date is always GMT; "-0000" parses to a naive datetime
             when = when.replace(tzinfo=timezone.utc)
         seconds = (when - (now or datetime.now(timezone.utc))).total_seconds()
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+    return min(max(seconds, 0.0), cap)
 
 
 def _one_line(text: str, limit: int = 300) -> str:
@@ -58,11 +74,24 @@ def _one_line(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _detail(resp: httpx.Response) -> str:
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):g} MiB"
+
+
+@dataclass(frozen=True)
+class _Reply:
+    """A whole response: its status, headers and body (read within the request's time and size bounds)."""
+
+    status: int
+    headers: httpx.Headers
+    body: bytes
+
+
+def _detail(reply: _Reply) -> str:
     """What the server said about a failed request, in one line: the `message` of an OpenAI-style error body
     (`{"error": {"message": ...}}`; vLLM: `{"message": ...}` or `{"detail": ...}`), else the body itself."""
     try:
-        doc = resp.json()
+        doc = loads(reply.body)
     except ValueError:
         doc = None
     if isinstance(doc, dict):
@@ -70,10 +99,7 @@ def _detail(resp: httpx.Response) -> str:
         for said in (err.get("message") if isinstance(err, dict) else err, doc.get("message"), doc.get("detail")):
             if isinstance(said, str) and said.strip():
                 return _one_line(said)
-    try:
-        return _one_line(resp.text) or "no detail"
-    except (UnicodeDecodeError, LookupError):
-        return "an undecodable body"
+    return _one_line(reply.body[:4096].decode("utf-8", errors="replace")) or "no detail"
 
 
 class _GaveUp(Exception):
@@ -85,8 +111,10 @@ class OpenAIBackend:
 
     `checkpoint`: the checkpoint as the user gave it (a path or a Hub id); `checkpoint_dir`: the local folder
     it resolved to; `max_model_len`: the tokens this run needs per request. The served model must name the
-    checkpoint (its `id` or `root`) unless `trust_served_model`. The API key comes from the environment
-    variable `api_key_env`, read for each request; it is never printed or stored.
+    checkpoint (its `id` or `root`) unless `trust_served_model`. The credential (`credential` names it) is the
+    API key in the environment variable `api_key_env`, read for each request, or the user info of `base_url`
+    (refused when both are there, see `longctx.eval.endpoint`); neither is ever printed or stored. `log`
+    receives a line when a completion waits long before a retry.
     """
 
     name = "openai"
@@ -94,18 +122,14 @@ class OpenAIBackend:
     def __init__(self, base_url: str, model: str | None = None, *, checkpoint: str, checkpoint_dir: str,
                  max_model_len: int, trust_served_model: bool = False, concurrency: int = 8, timeout: float = 600.0,
                  retries: int = 3, connect_attempts: int = 3, retry_wait: float = 1.0,
-                 api_key_env: str = "OPENAI_API_KEY", seed: int = 0):
+                 api_key_env: str = "OPENAI_API_KEY", seed: int = 0, log: Callable[[str], None] | None = None):
         if not base_url:
             raise InputError("the openai backend needs --base-url (e.g. http://127.0.0.1:8000/v1)")
-        try:
-            url = httpx.URL(base_url)
-        except httpx.InvalidURL:
-            url = None
-        if url is None or url.scheme not in ("http", "https") or not url.host:
-            raise InputError(f"--base-url '{base_url}' is not an http(s) URL; e.g. http://127.0.0.1:8000/v1")
+        self.endpoint = Endpoint(base_url, api_key_env)
         if not timeout > 0:
             raise InputError(f"the request timeout must be > 0 seconds, got {timeout}")
-        self.base_url = base_url.rstrip("/")
+        self.base_url = self.endpoint.shown  # redacted: what messages and settings show
+        self.credential = self.endpoint.credential
         self.model = model
         self.checkpoint = checkpoint
         self.checkpoint_dir = checkpoint_dir
@@ -118,9 +142,11 @@ class OpenAIBackend:
         self.retry_wait = retry_wait
         self.api_key_env = api_key_env
         self.seed = seed
+        self.log = log
         self.server: dict[str, Any] | None = None  # the chosen model card: {"id", "root", "max_model_len"}
         self.ran: dict[str, Any] | None = None  # the server reports neither its dtype nor its device
         self._client: httpx.Client | None = None
+        self._transport: BoundedTransport | None = None
 
     def settings(self) -> dict[str, Any]:
         return {"name": self.name, "base_url": self.base_url, "model": self.model, "concurrency": self.concurrency,
@@ -128,9 +154,10 @@ class OpenAIBackend:
                 "server": self.server}
 
     def binding(self) -> dict[str, Any]:
-        """The options that can change a prediction: the server and the model it serves (after `check()`);
-        `trust_served_model` only when set, so that run directories bound before it existed stay valid."""
-        bound = {"base_url": self.base_url, "served_model": self.model,
+        """The options that can change a prediction: the server (its redacted URL without user info: another
+        password is the same server) and the model it serves (after `check()`); `trust_served_model` only when
+        set, so that run directories bound before it existed stay valid."""
+        bound = {"base_url": self.endpoint.server, "served_model": self.model,
                  "served_root": self.server["root"] if self.server else None}
         if self.trust_served_model:
             bound["trust_served_model"] = True
@@ -140,62 +167,101 @@ class OpenAIBackend:
         """Close the connections; a later `generate()` opens new ones."""
         if self._client is not None:
             self._client.close()
-            self._client = None
+            self._client = self._transport = None
 
     def _open(self) -> httpx.Client:
         if self._client is None:
-            # httpx's read timeout bounds each wait for bytes from the server; a completion that is not streamed
-            # comes in one piece once generated, so it is the wait for the whole response.
-            self._client = httpx.Client(
-                timeout=httpx.Timeout(self.timeout, connect=min(CONNECT_TIMEOUT_S, self.timeout)),
-                limits=httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency))
+            # No environment: proxies would bypass the bounded transport, and the credential is the endpoint's.
+            self._transport = BoundedTransport(self.concurrency)
+            self._client = httpx.Client(transport=self._transport, trust_env=False)
         return self._client
 
     def _headers(self) -> dict[str, str]:
-        key = os.environ.get(self.api_key_env)
-        return {"Authorization": f"Bearer {key}"} if key else {}
+        # identity: a compressed body would be inflated past the size bound before it could be counted
+        return {"Accept-Encoding": "identity", **self.endpoint.headers()}
+
+    def _said(self, reply: _Reply) -> str:
+        return self.endpoint.scrub(_detail(reply))
 
     def _failure(self, e: httpx.TransportError, timeout: float) -> str:
         if isinstance(e, httpx.ConnectTimeout):
             return f"ConnectTimeout: no connection within {min(CONNECT_TIMEOUT_S, timeout):g} s"
-        if isinstance(e, httpx.ReadTimeout):
-            return f"ReadTimeout: no response within {timeout:g} s"
-        text = _one_line(str(e))
+        if isinstance(e, httpx.TimeoutException):
+            return f"{type(e).__name__}: no response within {timeout:g} s"
+        text = self.endpoint.scrub(_one_line(str(e)))
         return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
-    def _send(self, method: str, path: str, attempts: int, body: dict | None = None, timeout: float | None = None,
-              stop: threading.Event | None = None) -> httpx.Response:
-        """The first response to `method path` that is not a transient failure (HTTP 429 or 5xx, no connection,
-        a timeout) in `attempts` tries; `_GaveUp` with the last failure when there is none. Between tries it
-        waits what the server's `Retry-After` asks, else `retry_wait * 2**attempt`; `stop` ends the waiting."""
+    def _exchange(self, method: str, path: str, body: dict | None, timeout: float, max_bytes: int,
+                  what: str) -> _Reply:
+        """One request and its whole answer, within `timeout` seconds from the start (httpx.TimeoutException
+        past it) and `max_bytes` of body (InputError past them: nothing more is read)."""
         client = self._open()
-        limit = (httpx.USE_CLIENT_DEFAULT if timeout is None else
-                 httpx.Timeout(timeout, connect=min(CONNECT_TIMEOUT_S, timeout)))
+        assert self._transport is not None
+        limit = httpx.Timeout(timeout, connect=min(CONNECT_TIMEOUT_S, timeout))
+        with self._transport.deadline(timeout), client.stream(method, self.endpoint.url(path), json=body,
+                                                              headers=self._headers(), timeout=limit) as resp:
+            data = read_body(resp, max_bytes)
+            if data is None:
+                raise InputError(f"endpoint {self.base_url} answered {what} with a body over {_mib(max_bytes)}, the "
+                                 f"limit for {what}; is --base-url an OpenAI-compatible server?")
+            return _Reply(resp.status_code, resp.headers, data)
+
+    def _send(self, method: str, path: str, attempts: int, what: str, max_bytes: int, body: dict | None = None,
+              timeout: float | None = None, stop: threading.Event | None = None,
+              patience: float = math.inf) -> _Reply:
+        """The first answer to `method path` that is not a transient failure (HTTP 429 or 5xx, no connection,
+        a timeout) in `attempts` tries; `_GaveUp` with the last failure when there is none. Between tries it
+        waits what the server's `Retry-After` asks (at most `MAX_RETRY_AFTER_S`, said when `LONG_WAIT_S` or
+        more; InputError when it asks more than `patience`), else `retry_wait * 2**attempt`; `stop` ends the
+        waiting."""
+        timeout = self.timeout if timeout is None else timeout
         last = ""
         for attempt in range(attempts):
-            pause = self.retry_wait * 2**attempt
+            pause, asked = self.retry_wait * 2**attempt, None
             try:
-                resp = client.request(method, self.base_url + path, json=body, headers=self._headers(), timeout=limit)
+                reply = self._exchange(method, path, body, timeout, max_bytes, what)
             except httpx.TransportError as e:
-                last = self._failure(e, self.timeout if timeout is None else timeout)
+                last = self._failure(e, timeout)
             else:
-                if resp.status_code != 429 and resp.status_code < 500:
-                    return resp
-                last = f"HTTP {resp.status_code}: {_detail(resp)}"
-                asked = retry_after(resp.headers.get("Retry-After"))
-                pause = pause if asked is None else asked
+                if reply.status != 429 and reply.status < 500:
+                    return reply
+                last = f"HTTP {reply.status}: {self._said(reply)}"
+                raw = reply.headers.get("Retry-After")
+                asked = retry_after(raw, cap=math.inf)
+                if asked is not None and asked > patience:
+                    raise InputError(f"endpoint {self.base_url} answered {what} with {last} and asked to retry in "
+                                     f"{asked:g} s (Retry-After: {_one_line(raw, 40)}), longer than the {patience:g} s "
+                                     "this check waits; rerun when the server is ready") from None
+                pause = pause if asked is None else min(asked, MAX_RETRY_AFTER_S)
             if attempt + 1 < attempts:
+                if pause >= LONG_WAIT_S and self.log is not None:
+                    self.log(f"note: endpoint {self.base_url} answered {what} with {_one_line(last, 80)}; retrying in "
+                             f"{pause:g} s" + (f" (it asked {asked:g} s; at most {MAX_RETRY_AFTER_S:g} are waited)"
+                                               if asked is not None and asked > pause else ""))
                 if stop is None:
                     time.sleep(pause)
                 elif stop.wait(pause):
                     break
         raise _GaveUp(last)
 
-    def _refused(self, resp: httpx.Response, what: str) -> InputError:
-        if resp.status_code in (401, 403):
-            return InputError(f"endpoint {self.base_url} refused {what} (HTTP {resp.status_code}: {_detail(resp)}); "
-                              f"set {self.api_key_env}")
-        return InputError(f"endpoint {self.base_url} rejected {what} (HTTP {resp.status_code}: {_detail(resp)})")
+    def _refused(self, reply: _Reply, what: str) -> InputError:
+        if reply.status in (401, 403):
+            fix = ("check the user name and password in --base-url" if self.credential.startswith("basic") else
+                   f"set {self.api_key_env}")
+            return InputError(f"endpoint {self.base_url} refused {what} (HTTP {reply.status}: {self._said(reply)}); "
+                              f"{fix}")
+        return InputError(f"endpoint {self.base_url} rejected {what} (HTTP {reply.status}: {self._said(reply)})")
+
+    def _parse(self, reply: _Reply, what: str, max_bytes: int) -> Any:
+        """The JSON body of `reply` (None when it is not JSON); InputError naming the limit for one nested too
+        deep."""
+        try:
+            return loads(reply.body, max_bytes=max_bytes)
+        except LimitError as e:
+            raise InputError(f"endpoint {self.base_url} answered {what} with {e}, over the limit; is --base-url an "
+                             "OpenAI-compatible server?") from None
+        except ValueError:
+            return None
 
     def _names_checkpoint(self, card: dict[str, Any]) -> bool:
         """Whether the card's served name or root is the checkpoint: as the user gave it, the folder it resolved
@@ -211,23 +277,26 @@ class OpenAIBackend:
         `max_model_len` below what the run needs. Once it has passed, later calls do nothing."""
         if self.ran is not None:
             return
+        what = "GET /models"
         try:
-            resp = self._send("GET", "/models", self.connect_attempts, timeout=min(CONNECT_TIMEOUT_S, self.timeout))
+            reply = self._send("GET", "/models", self.connect_attempts, what, MAX_MODELS_BYTES,
+                               timeout=min(CONNECT_TIMEOUT_S, self.timeout), patience=PROBE_MAX_WAIT_S)
         except _GaveUp as e:
             raise InputError(f"endpoint {self.base_url} is unreachable after {self.connect_attempts} attempts ({e}); "
                              "start the server or fix --base-url") from None
-        if resp.status_code in (401, 403):
-            raise self._refused(resp, "GET /models")
-        if resp.status_code != 200:
-            raise InputError(f"endpoint {self.base_url} answered GET /models with HTTP {resp.status_code} "
-                             f"({_detail(resp)}); --base-url must be the API root, e.g. http://127.0.0.1:8000/v1")
+        if reply.status in (401, 403):
+            raise self._refused(reply, what)
+        if reply.status != 200:
+            raise InputError(f"endpoint {self.base_url} answered GET /models with HTTP {reply.status} "
+                             f"({self._said(reply)}); --base-url must be the API root, e.g. http://127.0.0.1:8000/v1")
+        doc = self._parse(reply, what, MAX_MODELS_BYTES)
         try:
-            cards = resp.json()["data"]
+            cards = doc["data"]
             if not isinstance(cards, list) or not all(isinstance(c, dict) for c in cards):
                 raise TypeError
         except (ValueError, KeyError, TypeError):
             raise InputError(f"endpoint {self.base_url} answered GET /models without a model list "
-                             f"({_detail(resp)}); is it an OpenAI-compatible server?") from None
+                             f"({self._said(reply)}); is it an OpenAI-compatible server?") from None
         ids = [c.get("id") for c in cards]
         listed = ", ".join(repr(i) for i in ids) if ids else "no model"
         if self.model is None:
@@ -264,21 +333,22 @@ class OpenAIBackend:
         body = {"model": self.model, "prompt": r.prompt, "max_tokens": r.max_tokens, "temperature": 0.0,
                 "top_p": 1.0, "seed": self.seed}
         attempts = self.retries + 1
+        what = "a completion request"
         try:
-            resp = self._send("POST", "/completions", attempts, body, stop=stop)
+            reply = self._send("POST", "/completions", attempts, what, MAX_COMPLETION_BYTES, body, stop=stop)
         except _GaveUp as e:
             raise InputError(f"endpoint {self.base_url} failed {attempts} time{'s' if attempts > 1 else ''} ({e}); "
                              "the predictions made so far are kept: rerun the same command to continue") from None
-        if resp.status_code != 200:
-            raise self._refused(resp, "a completion request")
+        if reply.status != 200:
+            raise self._refused(reply, what)
+        doc = self._parse(reply, what, MAX_COMPLETION_BYTES)
         try:
-            doc = resp.json()
             text = doc["choices"][0]["text"]
             if not isinstance(text, str):
                 raise TypeError
         except (ValueError, KeyError, IndexError, TypeError):
             raise InputError(f"endpoint {self.base_url} answered a completion request without choices[0].text "
-                             f"({_detail(resp)})") from None
+                             f"({self._said(reply)})") from None
         usage = doc.get("usage")
         tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
         return text, tokens if isinstance(tokens, int) else None

@@ -5,6 +5,12 @@ A line is `{"index", "pred", "outputs", "length", "task", "max_length", "prompt_
 add `raw` and `thinking_closed`). On reopen a
 torn last line (a run killed mid-write) is cut off, and indices already present are skipped, so a
 resumed run neither loses nor duplicates a prediction.
+
+A score comes only from what longctx generated and what the task file holds: the references are the task
+file's `outputs` (`read_task_lines`), never a prediction line's, and a prediction counts only when its
+`prompt_sha256` is the hash of its task line's prompt (`read_predictions(path, prompts)`); any other is
+predicted again. The run directory is trusted for `pred` itself: a prediction line whose hash matches is
+scored as it stands, whoever wrote it.
 """
 
 from __future__ import annotations
@@ -12,7 +18,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
+
+from longctx.core.errors import InputError
+from longctx.core.parse import loads
 
 
 def prompt_hash(prompt: str) -> str:
@@ -27,8 +37,42 @@ def _is_record(rec) -> bool:
             and rec["index"] >= 0 and isinstance(rec.get("pred"), str) and isinstance(rec.get("outputs"), list))
 
 
-def read_predictions(path: Path) -> dict[int, dict]:
-    """index -> record for the complete lines of `path` (first record wins on a duplicate index)."""
+@dataclass(frozen=True)
+class TaskLine:
+    """What a task file's line holds that a prediction is scored against."""
+
+    outputs: list[str]  # the reference answers
+    prompt_sha256: str  # `prompt_hash` of its prompt, `input + answer_prefix`
+
+
+def read_task_lines(path: Path, sha256: str | None = None) -> list[TaskLine]:
+    """The lines of the task file `path`, in order; InputError when it is unreadable, a line is not a task
+    record, or (`sha256` given: the hash run.json records) the file is not the one recorded."""
+    digest = hashlib.sha256()
+    lines: list[TaskLine] = []
+    try:
+        with open(path, "rb") as f:
+            for number, raw in enumerate(f, 1):
+                digest.update(raw)
+                row = loads(raw)
+                outputs, prompt = row["outputs"], row["input"] + row["answer_prefix"]
+                if not (isinstance(outputs, list) and outputs and all(isinstance(o, str) for o in outputs)):
+                    raise TypeError
+                lines.append(TaskLine(outputs, prompt_hash(prompt)))
+    except OSError as e:
+        raise InputError(f"task file {path} is unreadable ({e.strerror or e.__class__.__name__})") from None
+    except (ValueError, KeyError, TypeError):
+        raise InputError(f"task file {path}: line {number} is not a RULER task record") from None
+    if sha256 is not None and digest.hexdigest() != sha256:
+        raise InputError(f"task file {path} is not the one run.json records (sha256 {digest.hexdigest()[:12]}…, "
+                         f"recorded {str(sha256)[:12]}…)")
+    return lines
+
+
+def read_predictions(path: Path, prompts: list[str] | None = None) -> dict[int, dict]:
+    """index -> record for the complete lines of `path` (first record wins on a duplicate index). With
+    `prompts` (sample i's prompt sha256 at [i]), only records of those samples whose `prompt_sha256` is
+    their prompt's count."""
     out: dict[int, dict] = {}
     if not path.is_file():
         return out
@@ -37,10 +81,12 @@ def read_predictions(path: Path) -> dict[int, dict]:
             if not line.endswith("\n"):
                 break  # torn last line
             try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
+                rec = loads(line)
+            except ValueError:
                 continue
-            if _is_record(rec):
+            if not _is_record(rec):
+                continue
+            if prompts is None or (rec["index"] < len(prompts) and rec.get("prompt_sha256") == prompts[rec["index"]]):
                 out.setdefault(rec["index"], rec)
     return out
 

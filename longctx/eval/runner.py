@@ -9,11 +9,13 @@ A rerun continues where the last one stopped; a rerun with another checkpoint, t
 settings, backend or sampling is refused, never mixed in. Every refusal (missing or broken data, a sample
 beyond the checkpoint, a directory bound to other settings) comes before anything is written to the run
 directory or logged: new task files are made in a staging folder and moved in with run.json after the checks.
+A score comes only from what longctx generated and what the task file holds: references are read from the
+task files (the ones run.json records), and a prediction whose `prompt_sha256` is not its task line's prompt
+hash is predicted again (`longctx.eval.predictions`); the run directory is trusted for `pred` itself.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -23,10 +25,11 @@ from typing import Any
 from longctx.core.errors import InputError
 from longctx.core.files import check_apart, write_json
 from longctx.core.hashing import hash_json
+from longctx.core.parse import loads
 from longctx.eval.backends import make_backend
 from longctx.eval.request import Request
 from longctx.eval.binding import SAMPLING, TASKS_DIR, check_run_dir, record_task_files, staged_run
-from longctx.eval.predictions import PredictionWriter, prompt_hash, read_predictions
+from longctx.eval.predictions import PredictionWriter, TaskLine, prompt_hash, read_predictions, read_task_lines
 from longctx.eval.scoring import score_predictions
 from longctx.eval.settings import RulerRunSettings
 from longctx.eval.thinking import THINK_END, answer_after_thinking
@@ -55,7 +58,7 @@ def _check_engine_room(tasks: Path, lengths: list[int], specs, extra: int, max_m
     need = 0
     for s in specs:
         with open(tasks / str(lengths[-1]) / f"{s.name}.jsonl", encoding="utf-8") as f:
-            need = max([need, *(json.loads(line)["length"] + extra for line in f)])
+            need = max([need, *(loads(line)["length"] + extra for line in f)])
     if need > max_model_len:
         raise InputError(f"a {lengths[-1]}-token sample needs {need} tokens with {why}, beyond the checkpoint's "
                          f"{max_model_len}; use a shorter length or extend the checkpoint with longctx yarn")
@@ -71,7 +74,7 @@ def _requests(out: Path, lengths: list[int], specs, done: dict, think_tokens: in
                 for sample, line in enumerate(f):
                     if sample in skip:
                         continue
-                    row = json.loads(line)
+                    row = loads(line)
                     prompt = row["input"] + row["answer_prefix"]
                     yield Request((L, s.name, sample, row["outputs"], row["length"], prompt_hash(prompt)), prompt,
                                   s.tokens_to_generate + think_tokens)
@@ -134,21 +137,49 @@ def _predict(bk, out: Path, lengths, specs, done, pending: int, progress: bool,
     return count, per_length
 
 
-def _score(out: Path, lengths, specs, files: dict) -> list[dict[str, Any]]:
-    rows = []
+def _task_lines(out: Path, lengths, specs, files: dict, run: dict) -> dict[tuple[int, str], list[TaskLine]]:
+    """(length, task) -> the lines of its task file in the run directory (the file run.json records)."""
+    lines = {}
     for L in lengths:
         for s in specs:
-            expected = files[f"{L}/{s.name}.jsonl"]["samples"]
-            preds = {i: p for i, p in read_predictions(out / "pred" / str(L) / f"{s.name}.jsonl").items()
-                     if i < expected}
-            if len(preds) != expected:
-                raise RuntimeError(f"{L}/{s.name}: {len(preds)} predictions for {expected} samples")
-            ordered = [preds[i] for i in sorted(preds)]
-            sc = score_predictions([p["pred"] for p in ordered], [p["outputs"] for p in ordered], s.metric)
-            rows.append({"task": s.name, "length": L, "metric": s.metric, "score": sc.score, "nulls": sc.nulls,
-                         "samples": sc.samples})
-            if any("thinking_closed" in p for p in ordered):
-                rows[-1]["unfinished_thinking"] = sum(not p.get("thinking_closed", True) for p in ordered)
+            rel = f"{L}/{s.name}.jsonl"
+            lines[(L, s.name)] = read_task_lines(out / TASKS_DIR / rel, run["files"][rel])[:files[rel]["samples"]]
+    return lines
+
+
+def _predicted(out: Path, task_lines: dict[tuple[int, str], list[TaskLine]],
+               say: Callable[[str], None]) -> dict[tuple[int, str], set[int]]:
+    """(length, task) -> the samples with a prediction made from their task line's prompt. A prediction of
+    another prompt (its `prompt_sha256` is not its line's, or it has none) is not one: its sample is
+    predicted again, and one line says how many there are, where."""
+    done, stale = {}, {}
+    for (L, task), lines in task_lines.items():
+        path = out / "pred" / str(L) / f"{task}.jsonl"
+        done[(L, task)] = set(read_predictions(path, [t.prompt_sha256 for t in lines]))
+        other = {i for i in read_predictions(path) if i < len(lines)} - done[(L, task)]
+        if other:
+            stale[f"{task} at {L}"] = len(other)
+    if stale:
+        say(f"note: {sum(stale.values())} prediction(s) were not made from their task line's prompt (prompt_sha256 "
+            f"differs or is missing: {', '.join(f'{k}: {n}' for k, n in stale.items())}); they are predicted again")
+    return done
+
+
+def _score(out: Path, specs, task_lines: dict[tuple[int, str], list[TaskLine]]) -> list[dict[str, Any]]:
+    """Per (task, length): the predictions made from its task lines' prompts, scored against the task lines'
+    references (never a prediction line's `outputs`)."""
+    rows = []
+    metric = {s.name: s.metric for s in specs}
+    for (L, task), lines in task_lines.items():
+        preds = read_predictions(out / "pred" / str(L) / f"{task}.jsonl", [t.prompt_sha256 for t in lines])
+        if len(preds) != len(lines):
+            raise RuntimeError(f"{L}/{task}: {len(preds)} predictions for {len(lines)} samples")
+        ordered = [preds[i] for i in range(len(lines))]
+        sc = score_predictions([p["pred"] for p in ordered], [t.outputs for t in lines], metric[task])
+        rows.append({"task": task, "length": L, "metric": metric[task], "score": sc.score, "nulls": sc.nulls,
+                     "samples": sc.samples})
+        if any("thinking_closed" in p for p in ordered):
+            rows[-1]["unfinished_thinking"] = sum(not p.get("thinking_closed", True) for p in ordered)
     return rows
 
 
@@ -172,12 +203,13 @@ def run_ruler(s: RulerRunSettings, *, engine=None, progress: bool = True, log: C
     """
     from longctx.checkpoint.describe import model_info, sliding_note
     from longctx.checkpoint.directory import checkpoint_dir, fingerprint, read_config, versions
-    from longctx.checkpoint.load import json_object
+    from longctx.core.files import json_object
     from longctx.checkpoint.rope import check_context, read_rope
     from longctx.checkpoint.tokenizer import special_tokens_added
     from longctx.core.hashing import tokenizer_fingerprint
     from ruler_tasks.constants import UPSTREAM_COMMIT
-    from ruler_tasks.prepare import load_tokenizer, prepare
+    from ruler_tasks.prepare import prepare
+    from longctx.eval.tasks import load_task_tokenizer
     from ruler_tasks.registry import resolve_tasks
     from ruler_tasks.templates import model_template
 
@@ -195,7 +227,7 @@ def run_ruler(s: RulerRunSettings, *, engine=None, progress: bool = True, log: C
     # run.json are made in a staging folder and moved in once the checks that need them have passed.
     bk = None
     try:
-        tok = load_tokenizer(ckpt, s.trust_remote_code)
+        tok = load_task_tokenizer(ckpt, s.trust_remote_code)
         _check_thinking(model_template(s.template, tok, s.system_prompt, s.chat_template_kwargs).thinking, s)
         thinking = None if s.think_tokens is None else s.think_tokens > 0
         fp = fingerprint(ckpt)
@@ -203,7 +235,7 @@ def run_ruler(s: RulerRunSettings, *, engine=None, progress: bool = True, log: C
         extra = n_special + (s.think_tokens or 0)  # --think-tokens 0: a model that does not think
         ctx = rope.context_length
         max_model_len = lengths[-1] + extra if ctx is None else min(ctx, lengths[-1] + extra)
-        bk = make_backend(s, str(ckpt), max_model_len, engine)
+        bk = make_backend(s, str(ckpt), max_model_len, engine, log=say)
         binding = {"fingerprint": fp, "tokenizer": tokenizer_fingerprint(tok), "seed": s.seed,
                    "samples": s.samples, "template": s.template, "system_prompt": s.system_prompt,
                    "chat_template_kwargs": s.chat_template_kwargs, "think_tokens": s.think_tokens,
@@ -230,14 +262,16 @@ def run_ruler(s: RulerRunSettings, *, engine=None, progress: bool = True, log: C
         raise
 
     try:  # the run directory is this process's until the scores are written (`stage.lock`)
-        done = {(L, t.name): {i for i in read_predictions(out / "pred" / str(L) / f"{t.name}.jsonl")
-                              if i < files[f"{L}/{t.name}.jsonl"]["samples"]} for L in lengths for t in specs}
-        reused = sum(len(v) for v in done.values())
-        total = sum(entry["samples"] for entry in files.values())
         say(f"lengths: {', '.join(map(str, lengths))}")
         note = sliding_note(run["model"]["name"], run["model"].get("sliding_window"), lengths)
         if note:
             say(f"note: {note}")
+        task_lines = _task_lines(out, lengths, specs, files, run)
+        done = _predicted(out, task_lines, say)
+        reused = sum(len(v) for v in done.values())
+        total = sum(entry["samples"] for entry in files.values())
+        if bk.credential is not None:
+            say(f"credential: {bk.credential}")
         say(f"max_model_len {max_model_len}; {total} samples, {reused} already predicted, {total - reused} to go "
             f"({s.backend})")
         t0 = time.perf_counter()
@@ -249,7 +283,7 @@ def run_ruler(s: RulerRunSettings, *, engine=None, progress: bool = True, log: C
         ran = bk.ran or (before.get("ran") if isinstance(before, dict) else None)
 
         t0 = time.perf_counter()
-        rows = _score(out, lengths, specs, files)
+        rows = _score(out, specs, task_lines)
         t_score = time.perf_counter() - t0
         unfinished = sum(row.get("unfinished_thinking", 0) for row in rows)
         if unfinished:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from longctx.core.errors import InputError, ref
 from longctx.core.kinds import (Bool, Choice, Count, Float, Int, JsonObject, Lengths, LocalPath, Names, Overrides,
-                                Source, Text)
+                                Source, Text, Url)
 from longctx.checkpoint.load import trust_remote_code_setting
 from longctx.core.settings import REQUIRED, Settings, setting
 from ruler_tasks.templates import TEMPLATE_NAMES
@@ -63,6 +63,7 @@ class PrepareSettings(RulerTaskSettings):
                                     cli_required=True, recipe=False)
     output: str | None = setting(None, LocalPath(directory=True), "Output folder: <length>/<task>.jsonl + manifest.",
                                  short="-o", recipe=False, cli_required=True)
+    trust_remote_code: bool = trust_remote_code_setting()
 
 
 # The backends that read each backend option: any other backend refuses it rather than ignore it.
@@ -96,8 +97,9 @@ class RulerRunSettings(RulerTaskSettings):
                                                  "max_num_seqs=64, kv_cache_dtype=fp8, "
                                                  "hf_overrides='{\"rope_theta\": 1e6}'.",
                                 flag="--engine-arg", group=_OPTION)
-    base_url: str | None = setting(None, Text(), "openai: endpoint, e.g. http://127.0.0.1:8000/v1 (key from "
-                                                 "OPENAI_API_KEY).", group=_OPTION)
+    base_url: str | None = setting(None, Url(), "openai: endpoint, e.g. http://127.0.0.1:8000/v1 (credential: "
+                                                 "OPENAI_API_KEY, or user:password@ in the URL, not both; recorded "
+                                                 "and shown redacted).", group=_OPTION)
     model: str | None = setting(None, Text(), "openai: model name on the server [default: the first it serves].",
                                 flag="--served-model", group=_OPTION)
     trust_served_model: bool = setting(False, Bool(), "openai: accept a served model whose name and root do not "

@@ -6,7 +6,13 @@
 The loss is summed per token and divided by the number of predicted tokens of the whole step (all
 micro-batches, all ranks), never averaged per micro-batch. State lives in a work folder beside the
 output (`OUT.train/`): `settings.json` (what the run is), `step-NNNNNN/` (`longctx.extend.state`) and
-`train_log.jsonl`. The output folder is written once, at the end (`longctx.extend.output`).
+`train_log.jsonl`, read back by `--resume` (`longctx.extend.resume`). The output folder is written once, at the
+end (`longctx.extend.output`).
+
+One run writes an output at a time: the main process holds `longctx.core.locks.OutputLock` on OUT (which covers
+OUT.train) from the output check until the output is in place. Everything the run would refuse is refused before
+the first step (the output's config, dtype and location, the whole work folder of a resume), and every rank
+refuses with the same line (`_agree`).
 """
 
 from __future__ import annotations
@@ -15,25 +21,22 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from longctx.core.errors import InputError
-from longctx.core.files import (CHECKPOINT_KIND, check_output, make_output, output_kind, remove_output, write_atomic,
-                                write_json)
-from longctx.extend.output import LOG_FILE, write_output
+from longctx.core.files import (CHECKPOINT_KIND, check_output, make_output, output_kind, remove_output,
+                                write_atomic, write_json)
+from longctx.core.locks import OutputLock
+from longctx.core.parse import loads
+from longctx.extend.output import LOG_FILE, output_config, write_output
 from longctx.extend.plan import Plan, check_parallelism, resolve_plan
+from longctx.extend.resume import SETTINGS_FILE, WORK_KIND, Resume, check_work, record, work_dir
 from longctx.extend.settings import ExtendSettings
-from longctx.extend.state import latest_step_dir, load_training_state, save_training_state
-
-SETTINGS_FILE = "settings.json"
-# Settings a resumed run may change: they do not change what the run computes. The checkpoint is
-# compared by fingerprint instead of by path.
-RESUME_FREE_FIELDS = ("checkpoint", "resume", "overwrite", "save_every", "gradient_checkpointing", "cache_dir",
-                      "trust_remote_code", "attention", "peak_tflops", "tokenize_workers")
-WORK_KIND = "extend work folder"
+from longctx.extend.state import load_training_state, save_training_state
 
 
 @dataclass(frozen=True)
@@ -46,15 +49,85 @@ class ExtendResult:
     seconds: float
 
 
-def work_dir(output: str | os.PathLike) -> Path:
-    """Where a run keeps its resumable state: beside the output, `OUT.train/`."""
-    out = Path(output)
-    return out.parent / f"{out.name}.train"
+@dataclass(frozen=True)
+class _Checked:
+    """What the checks before any work found."""
+
+    ckpt: Path
+    new_cfg: dict[str, Any]  # the checkpoint's config with the new RoPE
+    notes: list[str]
+    plan: Plan
+    attn: str
+    attn_reason: str
+    source_fp: str
+    resume: Resume
 
 
-def _validate(s: ExtendSettings, world_size: int, cuda: bool) -> tuple[Path, dict[str, Any], list[str]]:
-    """Check what the settings alone cannot (the checkpoint, the launch, the output) before anything is
-    written; returns (checkpoint dir, new config, notes)."""
+def _is_main_process() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0  # torchrun and accelerate launch set RANK
+
+
+def _agree(error: InputError | None) -> None:
+    """Raise on every rank the refusal of the first rank that has one (if any). A refusal on one rank alone (the
+    main process's lock, a write only it does) would leave the others waiting in their next collective call."""
+    import torch.distributed as dist
+
+    first = None if error is None else str(error)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        errors: list[str | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(errors, first)
+        first = next((e for e in errors if e is not None), None)
+    if first is None:
+        return
+    if error is not None and str(error) == first:
+        raise error
+    raise InputError(first)
+
+
+def _check_location(out: Path, work: Path) -> None:
+    """InputError for an output whose folders could not be made where it is: a work folder that is a symbolic link
+    (a resume would read, an --overwrite delete, another folder), a name too long for the temporary folder the
+    output is written in."""
+    from longctx.core.files import temp_prefix
+
+    if work.is_symlink():
+        raise InputError(f"work folder '{work}' is a symbolic link (to {os.readlink(work)}); longctx keeps a run's "
+                         "state in a folder of its own beside the output: remove the link or choose another -o")
+    where = next((p for p in [out.parent, *out.parent.parents] if p.is_dir()), Path("/"))
+    try:
+        limit = os.pathconf(where, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    longest = max(len(work.name), len(temp_prefix(out.name, "tmp")) + 8)  # tempfile.mkdtemp adds 8 characters
+    if longest > limit:
+        raise InputError(f"output name '{out.name}' is too long: the folder it is written in would have a name of "
+                         f"{longest} characters, over the {limit} the file system allows; choose a shorter -o")
+
+
+def _take_output(s: ExtendSettings, ckpt: Path, held: contextlib.ExitStack) -> None:
+    """Lock the output (main process), then check it and the work folder beside it."""
+    out = Path(s.output)
+    work = work_dir(out)
+    if _is_main_process():
+        try:
+            held.enter_context(OutputLock(out, "output"))
+        except OSError as e:
+            raise InputError(f"cannot write beside the output '{out}' ({e.strerror or e}); choose another -o") \
+                from None
+    check_output(out, CHECKPOINT_KIND, inputs=[("input checkpoint", ckpt)], overwrite=s.overwrite)
+    _check_location(out, work)
+    # replaced on --overwrite (or on --resume before anything was saved); an existing one needs either flag:
+    check_output(work, WORK_KIND, inputs=[("input checkpoint", ckpt)], overwrite=True)
+    if output_kind(work) is not None and not (s.resume or s.overwrite):
+        raise InputError(f"work folder '{work}' exists from an earlier run; pass --resume to continue it "
+                         "or --overwrite to start over")
+
+
+def _validate(s: ExtendSettings, world_size: int, cuda: bool, held: contextlib.ExitStack
+              ) -> tuple[Path, dict[str, Any], list[str]]:
+    """Check what the settings alone cannot (the checkpoint, the launch, the output and the config it will get)
+    before anything is written, the output locked from its check on (`held` releases it); returns (checkpoint
+    dir, new config, notes)."""
     from longctx.checkpoint.describe import checkpoint_name, sliding_note
     from longctx.checkpoint.directory import checkpoint_dir, read_config
     from longctx.checkpoint.load import model_config, sliding_window
@@ -72,37 +145,29 @@ def _validate(s: ExtendSettings, world_size: int, cuda: bool) -> tuple[Path, dic
     if s.rope_base is not None and s.rope_base == rope.theta:
         notes.append(f"the RoPE base is already {rope.theta}; training at the longer length with it unchanged")
     new_cfg, new_rope = set_rope_base(cfg, s.rope_base if s.rope_base is not None else rope.theta, s.seq_len)
-    # before any training: the config the output will have gives this RoPE in transformers
-    check_written_rope(new_cfg, new_rope, trust_remote_code=s.trust_remote_code, checkpoint=ckpt)
+    # before any training: the config the output will have (its dtype too) gives this RoPE in transformers
+    check_written_rope(output_config(new_cfg, str(ckpt / "config.json")), new_rope,
+                       trust_remote_code=s.trust_remote_code, checkpoint=ckpt)
     require_tokenizer_files(ckpt)
     config = model_config(ckpt, trust_remote_code=s.trust_remote_code)
     window = sliding_note(checkpoint_name(ckpt), sliding_window(config), [s.seq_len])
     if window:
         notes.append(f"{window}; the output keeps the window")
-    out = Path(s.output)
-    check_output(out, CHECKPOINT_KIND, inputs=[("input checkpoint", ckpt)], overwrite=s.overwrite)
-    work = work_dir(out)
-    # replaced on --overwrite (or on --resume before anything was saved); an existing one needs either flag:
-    check_output(work, WORK_KIND, inputs=[("input checkpoint", ckpt)], overwrite=True)
-    if output_kind(work) is not None and not (s.resume or s.overwrite):
-        raise InputError(f"work folder '{work}' exists from an earlier run; pass --resume to continue it "
-                         "or --overwrite to start over")
+    _take_output(s, ckpt, held)
     return ckpt, new_cfg, notes
 
 
-def _settings_record(s: ExtendSettings) -> dict[str, Any]:
-    return {k: v for k, v in s.record().items() if k not in RESUME_FREE_FIELDS}
+def _check_before_work(s: ExtendSettings, world_size: int, cuda: bool, held: contextlib.ExitStack) -> _Checked:
+    """Every check that needs no model: the settings, checkpoint and output (`_validate`), the plan, the
+    attention, and the work folder a resume continues (`longctx.extend.resume.check_work`)."""
+    from longctx.checkpoint.directory import fingerprint
+    from longctx.extend.model import attention_implementation
 
-
-def _check_resumable(saved: dict[str, Any], s: ExtendSettings, source_fp: str) -> None:
-    """InputError naming every setting that differs from the run being resumed."""
-    now = _settings_record(s)
-    diffs = [f"{k} {saved['settings'].get(k)!r} -> {v!r}" for k, v in now.items() if saved["settings"].get(k) != v]
-    if saved.get("source_fingerprint") != source_fp:
-        diffs.append("checkpoint (other weights or config than the run being resumed)")
-    if diffs:
-        raise InputError(f"--resume: the run in '{work_dir(s.output)}' used different settings: {'; '.join(diffs)}; "
-                         "rerun with the original settings or pass --overwrite (without --resume) to start over")
+    ckpt, new_cfg, notes = _validate(s, world_size, cuda, held)
+    plan = resolve_plan(s, world_size)
+    attn, attn_reason = attention_implementation(s.attention, cuda, s.cp_size)  # refused before the weights are hashed
+    source_fp = fingerprint(ckpt)
+    return _Checked(ckpt, new_cfg, notes, plan, attn, attn_reason, source_fp, check_work(s, plan, source_fp))
 
 
 def _micro_batches(ds, step: int, plan: Plan, dp_rank: int) -> list[dict[str, Any]]:
@@ -118,25 +183,28 @@ def _micro_batches(ds, step: int, plan: Plan, dp_rank: int) -> list[dict[str, An
     return out
 
 
-def _start_work(acc, s: ExtendSettings, work: Path, saved: dict | None, source_fp: str, ds) -> Path | None:
-    """The step folder to resume from, or None after starting the work folder afresh."""
-    resume_from = None
-    if saved is not None:
-        if saved.get("data_fingerprint") != ds.fingerprint:
-            raise InputError(f"--resume: the data behind {', '.join(s.data + s.short_data)} changed since the run "
-                             f"in '{work}' started; restore it or pass --overwrite to start over")
-        resume_from = latest_step_dir(work)
+def _start_work(acc, s: ExtendSettings, work: Path, c: _Checked, ds) -> None:
+    """Check the data against the run being resumed, or (nothing saved) start the work folder afresh."""
+    if c.resume.saved is not None and c.resume.saved["data_fingerprint"] != ds.fingerprint:
+        raise InputError(f"--resume: the data behind {', '.join(s.data + s.short_data)} changed since the run "
+                         f"in '{work}' started; restore it or pass --overwrite to start over")
     acc.wait_for_everyone()  # every rank has read the work folder before the main process changes it
-    if acc.is_main_process and resume_from is None:
+    error = None
+    if acc.is_main_process and c.resume.step_dir is None:
         # _validate allowed an existing (longctx-made) folder only with --overwrite, or --resume (nothing
         # saved yet: redo it).
-        remove_output(work, WORK_KIND)
-        make_output(work, WORK_KIND)
-        record = {"settings": _settings_record(s), "source_fingerprint": source_fp, "data_fingerprint": ds.fingerprint}
-        write_json(work / SETTINGS_FILE, record, indent=1)
-        (work / LOG_FILE).write_text("")
-    acc.wait_for_everyone()
-    return resume_from
+        try:
+            remove_output(work, WORK_KIND)
+            try:
+                make_output(work, WORK_KIND)
+                write_json(work / SETTINGS_FILE, record(s, c.source_fp, ds.fingerprint), indent=1)
+                (work / LOG_FILE).write_text("")
+            except OSError:
+                shutil.rmtree(work, ignore_errors=True)
+                raise
+        except OSError as e:
+            error = InputError(f"cannot start the work folder '{work}' ({e.strerror or e}); nothing was trained")
+    _agree(error)
 
 
 def _optimizer(module, s: ExtendSettings, acc, plan: Plan):
@@ -202,6 +270,18 @@ def _step(acc, module, accelerated, optimizer, scheduler, batches, s: ExtendSett
             attention if flops.layers is not None else None)
 
 
+def _append(log_file, entry: dict[str, Any], work: Path) -> None:
+    """One line of the training log, on disk before the next step (a failed write leaves at most a cut last line,
+    which `--resume` redoes)."""
+    try:
+        log_file.write(json.dumps(entry) + "\n")
+        log_file.flush()
+    except OSError as e:
+        raise InputError(f"could not write step {entry['step']} to the training log {work / LOG_FILE} "
+                         f"({e.strerror or e}); the state saved last is kept in {work}: free space and rerun with "
+                         "--resume") from None
+
+
 def _train_steps(acc, parts, ds, s: ExtendSettings, plan: Plan, work: Path, start_step: int, progress: bool,
                  flops, dtype: str) -> float:
     """Steps start_step..plan.steps, logged per step and saved every `save_every`; returns the last loss.
@@ -223,7 +303,12 @@ def _train_steps(acc, parts, ds, s: ExtendSettings, plan: Plan, work: Path, star
     dp_rank = acc.process_index // s.cp_size
     bar = tqdm(total=plan.steps, initial=start_step, unit="step", disable=not (progress and acc.is_main_process),
                dynamic_ncols=True)
-    log_file = open(work / LOG_FILE, "a", encoding="utf-8") if acc.is_main_process else None
+    log_file = None
+    if acc.is_main_process:
+        try:
+            log_file = open(work / LOG_FILE, "a", encoding="utf-8")
+        except OSError as e:
+            raise InputError(f"cannot write the training log {work / LOG_FILE} ({e.strerror or e})") from None
     final_loss = float("nan")
     last_end = time.perf_counter()
     try:
@@ -245,8 +330,7 @@ def _train_steps(acc, parts, ds, s: ExtendSettings, plan: Plan, work: Path, star
                      "mfu": None if mfu is None else round(mfu, 6),
                      "mfu_attention": None if mfu_attention is None else round(mfu_attention, 6)}
             if log_file is not None:
-                log_file.write(json.dumps(entry) + "\n")
-                log_file.flush()
+                _append(log_file, entry, work)
             bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{entry['tokens_per_s']:,.0f}",
                             pad=f"{padding:.1%}",
                             **({} if mfu is None else {"mfu": f"{mfu:.0%}"}), refresh=False)
@@ -279,63 +363,74 @@ def extend(s: ExtendSettings, progress: bool = True) -> ExtendResult:
     """Continue training `s.checkpoint` at `s.seq_len` (new RoPE base) and write the result to `s.output`."""
     import torch
 
-    from longctx.checkpoint.directory import fingerprint
-    from longctx.checkpoint.tokenizer import load_tokenizer
-    from longctx.core.files import cache_dir
-    from longctx.extend.model import (attention_implementation, fsdp_plugin, load_training_model,
-                                      make_accelerator, make_training_module)
-    from longctx.extend.packing import build_packed_dataset
-    from longctx.extend.throughput import model_flops
-
     started = time.perf_counter()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     cuda = torch.cuda.is_available()
-    ckpt, new_cfg, notes = _validate(s, world_size, cuda)
-    plan = resolve_plan(s, world_size)
-    attn, attn_reason = attention_implementation(s.attention, cuda, s.cp_size)  # refused before the weights are hashed
-    source_fp = fingerprint(ckpt)
-    work = work_dir(s.output)
-    saved = None
-    if s.resume and (work / SETTINGS_FILE).is_file():
-        saved = json.loads((work / SETTINGS_FILE).read_text())
-        _check_resumable(saved, s, source_fp)
+    if world_size > 1:
+        from accelerate import PartialState
+
+        PartialState(cpu=not cuda)  # the process group now, so that the ranks agree on the checks below
+    with contextlib.ExitStack() as held:  # the output lock, until the output is in place
+        error = None
+        try:
+            checked = _check_before_work(s, world_size, cuda, held)
+        except InputError as e:
+            error = e
+        _agree(error)
+        return _train(s, checked, world_size, cuda, progress, started)
+
+
+def _train(s: ExtendSettings, c: _Checked, world_size: int, cuda: bool, progress: bool,
+           started: float) -> ExtendResult:
+    import torch
+
+    from longctx.checkpoint.tokenizer import load_tokenizer
+    from longctx.core.files import cache_dir
+    from longctx.extend.model import fsdp_plugin, load_training_model, make_accelerator, make_training_module
+    from longctx.extend.packing import build_packed_dataset
+    from longctx.extend.throughput import model_flops
+
+    plan, work = c.plan, work_dir(s.output)
     # before the model: a tokenizer that does not fit it is refused first
-    tokenizer = load_tokenizer(ckpt, s.trust_remote_code)
-    lm = load_training_model(ckpt, new_cfg, attn, s.gradient_checkpointing, s.trust_remote_code)
+    tokenizer = load_tokenizer(c.ckpt, s.trust_remote_code)
+    lm = load_training_model(c.ckpt, c.new_cfg, c.attn, s.gradient_checkpointing, s.trust_remote_code)
     flops = model_flops(lm)  # before FSDP2 shards the parameters
     acc, dtype = make_accelerator(s, world_size, cuda, fsdp_plugin(lm) if world_size > 1 else None)
     log = acc.print
-    for note in notes:
+    for note in c.notes:
         log(f"note: {note}")
     torch.manual_seed(s.seed)
     random.seed(s.seed)
-    _log_plan(log, s, plan, dtype, attn, attn_reason, acc, work)
+    _log_plan(log, s, plan, dtype, c.attn, c.attn_reason, acc, work)
 
     with acc.main_process_first():
         ds = build_packed_dataset(s.data, tokenizer, s.seq_len, num_tokens=plan.total_tokens, short_specs=s.short_data,
                                   short_fraction=s.short_fraction, seed=s.seed, packing=s.packing,
                                   cache_dir=Path(s.cache_dir) if s.cache_dir else cache_dir() / "data",
                                   workers=s.tokenize_workers or len(os.sched_getaffinity(0)), log=log)
-    resume_from = _start_work(acc, s, work, saved, source_fp, ds)
-    parts = _optimizer(make_training_module(lm, flatten_batch=attn == "flash_attention_2"), s, acc, plan)
+    _start_work(acc, s, work, c, ds)
+    parts = _optimizer(make_training_module(lm, flatten_batch=c.attn == "flash_attention_2"), s, acc, plan)
     start_step = 0
-    if resume_from is not None:
-        start_step = load_training_state(acc, parts[0], parts[2], parts[3], resume_from, plan, log)
+    if c.resume.step_dir is not None:
+        start_step = load_training_state(acc, parts[0], parts[2], parts[3], c.resume.step_dir, c.resume.state, log)
         if acc.is_main_process:  # drop log lines of steps after the saved state (they will be redone)
-            lines = (work / LOG_FILE).read_text().splitlines()
-            kept = [ln for ln in lines if ln.strip() and json.loads(ln)["step"] <= start_step]
-            write_atomic(work / LOG_FILE, "".join(f"{ln}\n" for ln in kept))
+            write_atomic(work / LOG_FILE, "".join(f"{line}\n" for line in c.resume.log))
     elif s.resume:
         log(f"--resume: nothing saved in '{work}' yet; starting from step 0")
 
     final_loss = _train_steps(acc, parts, ds, s, plan, work, start_step, progress, flops, dtype)
     if start_step == plan.steps:
         log(f"the run in '{work}' had already finished all {plan.steps} steps; writing the output")
-        lines = (work / LOG_FILE).read_text().splitlines()
-        final_loss = json.loads(lines[-1])["loss"] if lines else final_loss
-    write_output(acc, parts[0], ckpt, new_cfg, s, plan, work,
-                 {"source_fingerprint": source_fp, "data_fingerprint": ds.fingerprint, "data_stats": ds.stats,
-                  "attention": attn, "attention_reason": attn_reason, "dtype": dtype})
+        final_loss = loads(c.resume.log[-1])["loss"]
+    error = None
+    try:
+        write_output(acc, parts[0], c.ckpt, c.new_cfg, s, plan, work,
+                     {"source_fingerprint": c.source_fp, "data_fingerprint": ds.fingerprint, "data_stats": ds.stats,
+                      "attention": c.attn, "attention_reason": c.attn_reason, "dtype": dtype})
+    except OSError as e:
+        error = InputError(f"could not write the output '{s.output}' ({e.strerror or e}); the trained state is kept "
+                           f"in {work}: free space and rerun with --resume to write the output")
+    _agree(error)
     acc.wait_for_everyone()
     seconds = time.perf_counter() - started
     log(f"wrote {s.output} ({plan.steps} steps, {plan.total_tokens:,} tokens, final loss {final_loss:.4f}, "

@@ -3,12 +3,15 @@
 Packing (deterministic given the seed): documents longer than `seq_len` are cut into `seq_len`
 pieces and all pieces of both pools are shuffled together. `split` (the default) lays them end to end and
 cuts every `seq_len` tokens, so a piece that does not fit the rest of a sequence continues at the start of
-the next one and only the last sequence has padding; `whole` packs whole pieces first-fit into sequences
-(a few stay open, so short pieces fill the gaps long ones leave) and the unfilled tails are padding.
+the next one; sources that hold the budget fill exactly the ceil(num_tokens / seq_len) sequences it makes
+(none padded; the tokens read past it are not packed), smaller ones pad only their last sequence. `whole`
+packs whole pieces first-fit into sequences (a few stay open, so short pieces fill the gaps long ones leave)
+and the unfilled tails are padding.
 `position_ids` restart at 0 at every piece: with attention_mask=None transformers masks each document
 separately (`masking_utils.find_packed_sequence_indices`). The long/short mix is decided per token
-budget: `short_fraction` of `num_tokens` is read from the short sources, the rest from the long ones,
-and both are packed together, so the fraction holds over an epoch rather than in every sequence.
+budget (`num_tokens` rounded up to whole sequences): `short_fraction` of it is read from the short sources,
+the rest from the long ones, and both are packed together, so the fraction holds over an epoch rather than
+in every sequence.
 The plan is cached as `packed-<fingerprint>/` beside the token caches.
 
 Synthetic long documents are generated to fill one sequence (`seq_len - 1` tokens plus the EOS),
@@ -22,7 +25,6 @@ sources hold fewer than `num_tokens` tokens the epochs repeat (logged, and in `s
 from __future__ import annotations
 
 import array
-import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -41,6 +43,9 @@ from longctx.extend.tokens import CACHE_VERSION, Pool, token_pool
 
 # Sequences kept open while packing: more fills gaps better, each costs a scan per piece.
 _OPEN_SEQUENCES = 16
+# Version of the split packing rule, part of a packed plan's fingerprint: a plan packed by an older rule is
+# never reused (2: a stream that holds the budget is cut at it, `_split_pack`).
+_SPLIT_RULE = 2
 
 
 def _pieces(pools: list[Pool], seq_len: int) -> dict[str, np.ndarray]:
@@ -61,16 +66,21 @@ def _pieces(pools: list[Pool], seq_len: int) -> dict[str, np.ndarray]:
     return {k: np.concatenate(v) for k, v in cols.items()}
 
 
-def _split_pack(pieces: dict[str, np.ndarray], order: np.ndarray, seq_len: int
+def _split_pack(pieces: dict[str, np.ndarray], order: np.ndarray, seq_len: int, budget: int
                 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """The pieces in `order` laid end to end and cut every `seq_len` tokens: a piece a sequence boundary falls
     in becomes two (the first does not end its document, so it predicts the second's first token; positions
-    restart in each, as they do at every piece). Returns the new pieces in sequence order and the offsets of
-    each sequence into them."""
+    restart in each, as they do at every piece). A stream that holds the `budget` (whole sequences) is cut
+    there (its tail is never trained; a cut piece still predicts its document's next token), so no sequence
+    is padded; a shorter one keeps every token and only its last sequence is padded. Returns the new pieces
+    in sequence order and the offsets of each sequence into them."""
     length = pieces["length"][order].astype(np.int64)
     ends = np.cumsum(length)
     starts = ends - length
     total = int(ends[-1]) if len(ends) else 0
+    if total >= budget:
+        total = budget
+        starts = starts[starts < total]
     # every cut point of the stream: piece starts and sequence boundaries, each once
     cuts = np.union1d(starts, np.arange(0, total, seq_len))
     piece = np.searchsorted(ends, cuts, side="right")  # which (ordered) piece each new piece lies in
@@ -206,8 +216,9 @@ def build_packed_dataset(specs: Sequence[str], tokenizer: Any, seq_len: int, *, 
         short_specs = ()
     check_data_specs([*specs, *short_specs])
     cache = Path(cache_dir)
-    short_budget = round(num_tokens * short_fraction)
-    long_budget = num_tokens - short_budget
+    budget = -(-num_tokens // seq_len) * seq_len  # whole sequences
+    short_budget = round(budget * short_fraction)
+    long_budget = budget - short_budget
     pools = [token_pool(specs, tokenizer, long_budget, seed=seed, cache_dir=cache, log=log, workers=workers,
                          length_tokens=_synthetic_document_tokens(seq_len, short=False))]
     if short_specs:
@@ -216,11 +227,11 @@ def build_packed_dataset(specs: Sequence[str], tokenizer: Any, seq_len: int, *, 
     fingerprint = hash_json({"version": CACHE_VERSION, "pools": [p.source_key for p in pools],
                          "pool_tokens": [p.num_tokens for p in pools], "seq_len": seq_len,
                          "short_fraction": short_fraction, "seed": seed, "num_tokens": num_tokens,
-                         **({} if packing == "whole" else {"packing": packing})})
+                         **({} if packing == "whole" else {"packing": packing, "rule": _SPLIT_RULE})})
     plan_dir = cache / f"packed-{fingerprint[:20]}"
     if (plan_dir / "meta.json").is_file():
         log(f"reusing packed sequences {plan_dir}")
-        stats = json.loads((plan_dir / "meta.json").read_text())["stats"]
+        stats = _cached_stats(plan_dir / "meta.json")
     else:
         with atomic_dir(plan_dir, keep_existing="meta.json") as tmp:
             stats = _write_plan(tmp, pools, seq_len, seed, num_tokens, short_fraction, packing, log)
@@ -228,9 +239,12 @@ def build_packed_dataset(specs: Sequence[str], tokenizer: Any, seq_len: int, *, 
                        indent=1)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ds = PackedDataset(plan_dir, pools, seq_len=seq_len, pad_id=pad_id, seed=seed, fingerprint=fingerprint, stats=stats)
+    packed = stats.get("tokens_packed", stats["tokens"])
     log(f"packed {stats['documents']:,} documents ({stats['tokens']:,} tokens, "
         f"{stats['short_token_fraction']:.1%} short) "
-        f"into {len(ds):,} sequences of {seq_len:,} tokens ({stats['padding_fraction']:.1%} padding)")
+        f"into {len(ds):,} sequences of {seq_len:,} tokens ({stats['padding_fraction']:.1%} padding)"
+        + (f"; {packed:,} of the tokens fill the budget, the rest is not trained" if packed < stats["tokens"]
+           else ""))
     if stats["epochs"] > 1:
         log(f"the data holds {stats['tokens']:,} tokens, fewer than the {num_tokens:,} requested: "
             f"it repeats for {stats['epochs']:.2f} epochs, each in a new order")
@@ -238,6 +252,20 @@ def build_packed_dataset(specs: Sequence[str], tokenizer: Any, seq_len: int, *, 
         log(f"short data is {stats['short_token_fraction']:.1%} of the tokens, not the {short_fraction:.1%} asked for: "
             "one of the sources ran out")
     return ds
+
+
+def _cached_stats(meta: Path) -> dict[str, Any]:
+    """The stats a packed plan's meta.json records, or InputError for a damaged file."""
+    from longctx.core.parse import loads
+
+    try:
+        stats = loads(meta.read_bytes())["stats"]
+        if not all(isinstance(stats[k], (int, float)) for k in ("documents", "tokens", "short_token_fraction",
+                                                                   "padding_fraction", "epochs")):
+            raise TypeError
+    except (OSError, ValueError, KeyError, TypeError):
+        raise InputError(f"the packed-sequence cache {meta} is damaged; delete {meta.parent} (it is rebuilt)") from None
+    return stats
 
 
 def _synthetic_document_tokens(seq_len: int, short: bool) -> int:
@@ -254,7 +282,7 @@ def _write_plan(out: Path, pools: list[Pool], seq_len: int, seed: int, num_token
     log(f"packing {len(pieces['length']):,} document pieces into {seq_len:,}-token sequences ({packing})")
     order = np.random.default_rng([seed, 0]).permutation(len(pieces["length"]))
     if packing == "split":
-        pieces, seq_offsets = _split_pack(pieces, order, seq_len)
+        pieces, seq_offsets = _split_pack(pieces, order, seq_len, -(-num_tokens // seq_len) * seq_len)
     else:
         flat, seq_offsets = _pack(pieces["length"], order, seq_len)
         pieces = {k: v[flat] for k, v in pieces.items()}
@@ -263,17 +291,19 @@ def _write_plan(out: Path, pools: list[Pool], seq_len: int, seed: int, num_token
     np.save(out / "seq_offsets.npy", seq_offsets)
     sequences = len(seq_offsets) - 1
     tokens = sum(p.num_tokens for p in pools)
+    packed = int(pieces["length"].sum())  # fewer than `tokens` when split packing cut the stream at the budget
     short_tokens = pools[1].num_tokens if len(pools) > 1 else 0
     return {
         "documents": sum(len(p.doc_offsets) - 1 for p in pools),
         "documents_short": len(pools[1].doc_offsets) - 1 if len(pools) > 1 else 0,
         "documents_split": sum(int((np.diff(p.doc_offsets) > seq_len).sum()) for p in pools),
         "tokens": tokens,
+        "tokens_packed": packed,
         "short_token_fraction": round(short_tokens / tokens, 6),
         "requested_short_fraction": short_fraction,
         "packing": packing,
         "sequences": sequences,
-        "padding_fraction": round(1 - tokens / (sequences * seq_len), 6),
+        "padding_fraction": round(1 - packed / (sequences * seq_len), 6),
         "epochs": round(num_tokens / (sequences * seq_len), 6),
         "sources_exhausted": [p.exhausted for p in pools],
         "source_tokens": [p.source_tokens for p in pools],

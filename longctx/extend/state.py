@@ -1,19 +1,20 @@
 """Resumable training state of `extend`: `OUT.train/step-NNNNNN/` folders.
 
-Each holds the model and optimizer as a torch.distributed.checkpoint (one shard per rank under FSDP2),
-the scheduler, the RNG state of every rank and the data cursor (`state.json`, written last). A step
-folder is built as `.tmp-step-*` and renamed once complete; the older one is deleted only after.
+Each holds the model and optimizer as a torch.distributed.checkpoint (`dcp/`, one shard per rank under FSDP2),
+the scheduler, the RNG state of every rank (`rng-R.pt`) and the data cursor (`state.json`, written last). A
+step folder is built as `.tmp-step-*` and renamed once complete; the older one is deleted only after. A save
+that fails (a full disk) removes its temporary folder and keeps the previous step folder.
 
-`--resume` reads these files as untrusted input: nothing in them is unpickled with full pickle (see
-`_load_dcp`); a file that fails to load is an `InputError` naming it.
+`--resume` reads these files as untrusted input (`longctx.extend.dcp`): `check_step` validates a step folder
+against itself and the plan before the model is loaded; nothing in it is unpickled with full pickle, and a
+file that cannot be used is an `InputError` naming it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import json
-import pickle
+import errno
+import math
+import os
 import random
 import re
 import shutil
@@ -22,30 +23,44 @@ from typing import Any
 
 from longctx.core.errors import InputError
 from longctx.core.files import publish_dir, write_json
-from longctx.extend.plan import Plan
+from longctx.extend.dcp import (DCP_DIR, check_inside, check_storage, dcp_quiet, load_dcp, read_metadata,
+                                torch_load, unusable)
+from longctx.extend.plan import Plan, lr_multiplier
+from longctx.extend.settings import ExtendSettings
 
 STATE_FILE = "state.json"
+SCHEDULER_FILE = "scheduler.pt"
+STEP_NAME = re.compile(r"step-(\d{6})")
+_STATE_KEYS = ("step", "cursor", "world_size", "sequences_per_step")
+PARAM_GROUPS = 2  # `longctx.extend.loop._optimizer`: weight decay, and none on norms and biases
 
 
-def latest_step_dir(work: Path) -> Path | None:
-    """The newest complete step folder (a step folder only appears, by rename, once complete)."""
-    steps = sorted(p for p in work.glob("step-*") if p.is_dir() and (p / STATE_FILE).is_file())
-    return steps[-1] if steps else None
+def step_dirs(work: Path) -> list[Path]:
+    """The step folders of `work`, oldest first; InputError for an entry named `step-*` that is not one."""
+    found = []
+    for p in sorted(work.glob("step-*")):
+        if not STEP_NAME.fullmatch(p.name):
+            raise unusable(work, p, "is not a step folder longctx writes (step-NNNNNN)")
+        check_inside(work, p, work)
+        if not p.is_dir():
+            raise unusable(work, p, "is not a folder")
+        found.append(p)
+    return found
 
 
-def _rng_state() -> dict[str, Any]:
+def _rng_state(cuda: bool = True) -> dict[str, Any]:
     import numpy as np
     import torch
 
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state["numpy"] = [kind, torch.from_numpy(keys.copy()), pos, has_gauss, cached]
-    if torch.cuda.is_available():
+    if cuda and torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
+def _set_rng_state(state: dict[str, Any], cuda: bool = True) -> None:
     import numpy as np
     import torch
 
@@ -53,181 +68,202 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     kind, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((kind, keys.numpy(), pos, has_gauss, cached))
-    if "cuda" in state and torch.cuda.is_available():
+    if cuda and "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _unusable(step_dir: Path, path: Path, why: str) -> InputError:
-    return InputError(f"--resume: {path} {why}; delete {step_dir.parent} or rerun with --overwrite "
-                      "(without --resume) to start over")
-
-
-def _untrusted(step_dir: Path, path: Path, what: str) -> InputError:
-    return _unusable(step_dir, path, f"holds code or data a training state never contains ({what}); "
-                                     "it was not written by longctx")
-
-
-def _load_failed(step_dir: Path, path: Path, e: Exception) -> InputError:
-    """The one line for a failed torch.load(weights_only=True): never torch's text, which suggests
-    weights_only=False."""
-    if isinstance(e, FileNotFoundError):
-        return _unusable(step_dir, path, "is missing")
-    if isinstance(e, pickle.UnpicklingError):
-        found = re.search(r"GLOBAL ([\w.]+)", str(e))  # "Unsupported global: GLOBAL x.y ..."
-        return _untrusted(step_dir, path, f"global '{found[1]}'" if found else "a pickle torch refuses")
-    return _unusable(step_dir, path, f"is damaged or truncated ({type(e).__name__})")
-
-
-def _torch_load(step_dir: Path, path: Path) -> Any:
+def _check_rng(work: Path, path: Path) -> None:
+    """InputError unless `path` holds RNG states the generators accept: tried on the CPU generators, then put
+    back (the CUDA states only checked for their form: setting them would start CUDA on every GPU)."""
     import torch
 
+    state = torch_load(work, path)
+    if not isinstance(state, dict) or set(state) - {"python", "torch", "numpy", "cuda"}:
+        raise unusable(work, path, "is damaged (not the RNG states longctx saves)")
+    cuda = state.get("cuda", [])
+    if not isinstance(cuda, list) or not all(isinstance(t, torch.Tensor) and t.dtype == torch.uint8 for t in cuda):
+        raise unusable(work, path, "is damaged (its CUDA RNG states are not byte tensors)")
+    ours = _rng_state(cuda=False)
     try:
-        return torch.load(path, weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
-        raise _load_failed(step_dir, path, e) from None
+        _set_rng_state(state, cuda=False)
+    except Exception as e:  # noqa: BLE001 - whatever the generators refuse, the file is damaged
+        raise unusable(work, path, f"is damaged ({type(e).__name__} setting its RNG state)") from None
+    finally:
+        _set_rng_state(ours, cuda=False)
 
 
-class _Refused(pickle.UnpicklingError):
-    pass
-
-
-@functools.cache
-def _metadata_globals() -> dict[str, Any]:
-    """Every global a DCP `.metadata` pickle references (listed with pickletools.genops on saved states, one
-    process and FSDP2): the dataclasses of torch/distributed/checkpoint/metadata.py and filesystem._StorageInfo,
-    torch.Size, dtypes, torch.serialization._get_layout (how a layout pickles) and the Path of the writer's
-    checkpoint_id. All are plain data: calling them runs no code of the file's choosing."""
-    import pathlib
-
+def _check_scheduler(work: Path, path: Path, step: int, plan: Plan, s: ExtendSettings) -> None:
+    """InputError unless `path` holds the state of the run's LambdaLR after `step` steps: the keys and types
+    torch writes (a key it does not know would become an attribute of the scheduler), the run's lr and schedule."""
     import torch
-    from torch.distributed.checkpoint import filesystem
-    from torch.distributed.checkpoint import metadata as md
 
-    types = [md.Metadata, md.MetadataIndex, md.StorageMeta, md.TensorStorageMetadata, md.BytesStorageMetadata,
-             md.ChunkStorageMetadata, md.TensorProperties, md._MEM_FORMAT_ENCODING, filesystem._StorageInfo,
-             torch.Size, pathlib.PosixPath, pathlib.WindowsPath]
-    allowed: dict[str, Any] = {f"{t.__module__}.{t.__qualname__}": t for t in types}
-    allowed["torch.serialization._get_layout"] = torch.serialization._get_layout
-    allowed.update({f"torch.{n}": v for n, v in vars(torch).items() if isinstance(v, torch.dtype)})
-    return allowed
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """Resolves only `_metadata_globals()`. Not torch's weights-only unpickler (torch/_weights_only_unpickler.py):
-    it refuses the FRAME opcode of the protocol-4 pickle FileSystemWriter writes ("Unsupported operand 149")."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        found = _metadata_globals().get(f"{module}.{name}")
-        if found is None:
-            raise _Refused(f"{module}.{name}")
-        return found
+    saved = torch_load(work, path)
+    params = [torch.nn.Parameter(torch.zeros(1)) for _ in range(PARAM_GROUPS)]
+    optimizer = torch.optim.AdamW([{"params": [p]} for p in params], lr=s.lr)
+    template = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0).state_dict()
+    if not isinstance(saved, dict) or set(saved) != set(template):
+        raise unusable(work, path, f"is damaged (not a learning-rate schedule's state: keys "
+                                   f"{sorted(saved) if isinstance(saved, dict) else type(saved).__name__})")
+    for key, want in template.items():
+        got = saved[key]
+        if type(got) is not type(want) or (isinstance(want, list) and len(got) != len(want)):
+            raise unusable(work, path, f"is damaged ({key} is {got!r})")
+    lr = s.lr * lr_multiplier(step, plan, s.min_lr_ratio)
+    if (saved["last_epoch"] != step or saved["_step_count"] != step + 1 or saved["base_lrs"] != template["base_lrs"]
+            or any(not isinstance(x, float) or not math.isclose(x, lr, rel_tol=1e-6) for x in saved["_last_lr"])
+            or any(x is not None for x in saved["lr_lambdas"])):
+        raise unusable(work, path, f"does not hold this run's schedule after step {step} (last_epoch "
+                                   f"{saved['last_epoch']!r}, lr {saved['_last_lr']!r}, base {saved['base_lrs']!r})")
 
 
-def _read_metadata(step_dir: Path, path: Path) -> Any:
-    from torch.distributed.checkpoint.metadata import Metadata
+def _read_state(work: Path, path: Path) -> dict[str, int]:
+    from longctx.core.parse import loads
 
     try:
-        with open(path, "rb") as f:
-            metadata = _MetadataUnpickler(f).load()
-    except _Refused as e:
-        raise _untrusted(step_dir, path, f"global '{e}'") from None
+        state = loads(path.read_bytes(), max_bytes=1 << 16)
     except FileNotFoundError:
-        raise _unusable(step_dir, path, "is missing") from None
-    except Exception as e:  # noqa: BLE001 - whatever bytes make the unpickler fail, the file is damaged
-        raise _unusable(step_dir, path, f"is damaged or truncated ({type(e).__name__})") from None
-    if not isinstance(metadata, Metadata):
-        raise _untrusted(step_dir, path, f"a {type(metadata).__name__} instead of DCP metadata")
-    return metadata
+        raise unusable(work, path, "is missing") from None
+    except (OSError, ValueError) as e:
+        raise unusable(work, path, f"is damaged (not JSON: {e})") from None
+    if not isinstance(state, dict):
+        raise unusable(work, path, f"is damaged (a JSON {type(state).__name__}, not an object)")
+    for key in _STATE_KEYS:
+        if key not in state:
+            raise unusable(work, path, f"is damaged (no '{key}')")
+        if type(state[key]) is not int or state[key] < 0:
+            raise unusable(work, path, f"is damaged ('{key}' is {state[key]!r}, not a count)")
+    return {k: state[k] for k in _STATE_KEYS}
 
 
-def _load_dcp(target: dict[str, Any], step_dir: Path) -> None:
-    """dcp.load(target) of `step_dir/dcp` with nothing unpickled by full pickle, as stock DCP does twice:
-    FileSystemReader.read_metadata (torch/distributed/checkpoint/filesystem.py) `pickle.load`s `.metadata`, and
-    DefaultLoadPlanner.load_bytes (default_planner.py) `torch.load(weights_only=False)`s each non-tensor entry
-    (the optimizer's hyperparameters). Here `.metadata` goes through `_MetadataUnpickler` and those entries
-    through weights_only=True; tensors are storage bytes FileSystemReader.read_data already loads weights_only.
-    Under FSDP2 every rank loads through the same reader and planner; a refusal on any rank reaches all."""
+def check_step(work: Path, step_dir: Path, plan: Plan, s: ExtendSettings) -> dict[str, int]:
+    """The state.json of `step_dir`, after checking the folder against itself and the plan (its name, step,
+    cursor; the files it must hold; scheduler, RNG and DCP metadata as far as they can be read without the
+    model); InputError naming the first file that does not fit."""
+    path = step_dir / STATE_FILE
+    for item in (path, step_dir / SCHEDULER_FILE, step_dir / DCP_DIR):
+        check_inside(work, item, step_dir)
+    state = _read_state(work, path)
+    step = int(step_dir.name.removeprefix("step-"))
+    if state["step"] != step:
+        raise unusable(work, path, f"says step {state['step']}, but it is the state of {step_dir.name}")
+    if not 1 <= step <= plan.steps:
+        raise unusable(work, path, f"is the state after step {step}, but this run has {plan.steps} steps")
+    if state["sequences_per_step"] != plan.sequences_per_step:
+        raise InputError(f"--resume: {step_dir} was trained with {state['sequences_per_step']} sequences per step, "
+                         f"this launch gives {plan.sequences_per_step}; launch as many processes as before")
+    if state["cursor"] != step * state["sequences_per_step"] or state["world_size"] < 1:
+        raise unusable(work, path, f"is damaged (cursor {state['cursor']}, world size {state['world_size']} after "
+                                   f"step {step} of {state['sequences_per_step']} sequences)")
+    _check_scheduler(work, step_dir / SCHEDULER_FILE, step, plan, s)
+    rng = {p.name for p in step_dir.glob("rng-*.pt")}
+    for rank in range(state["world_size"]):
+        if f"rng-{rank}.pt" not in rng:
+            raise unusable(work, step_dir / f"rng-{rank}.pt", "is missing")
+    for name in sorted(rng):
+        check_inside(work, step_dir / name, step_dir)
+        _check_rng(work, step_dir / name)
+    dcp_dir = step_dir / DCP_DIR
+    if not dcp_dir.is_dir():
+        raise unusable(work, dcp_dir, "is missing")
+    check_inside(work, dcp_dir / ".metadata", dcp_dir)
+    check_storage(work, dcp_dir, read_metadata(work, dcp_dir / ".metadata"))
+    return state
+
+
+def _agree_on_error(acc, error: OSError | None) -> OSError | None:
+    """The first OSError of any rank (None: every rank succeeded): a rank that failed alone would leave the others
+    waiting for it."""
+    import torch
+
+    if acc.num_processes == 1:
+        return error
+    failed = acc.reduce(torch.tensor([0.0 if error is None else 1.0], device=acc.device), reduction="sum")
+    if error is None and float(failed.item()) > 0:
+        return OSError("another rank could not write its part")
+    return error
+
+
+def write_failure(e: BaseException, where: Path) -> OSError | None:
+    """The OS error behind a failed write into the folder `where` (which still holds what was written): the one
+    `e` is or carries (`longctx.core.failures.os_error_of`: a safetensors error quotes Rust's), the one in a
+    CheckpointException (dcp.save wraps each rank's), or ENOSPC when torch's zip writer failed (a RuntimeError,
+    "unexpected pos", without the errno) on a disk now full; None when the disk is not the reason."""
+    from longctx.core.failures import os_error_of
+
+    if (found := os_error_of(e)) is not None:
+        return found
+    for exc, _ in (getattr(e, "failures", None) or {}).values():
+        if (found := write_failure(exc, where)) is not None:
+            return found
+    if not isinstance(e, RuntimeError):
+        return None
+    try:
+        disk = os.statvfs(where)
+    except OSError:
+        return None
+    if min(disk.f_bavail, disk.f_bfree) * disk.f_frsize < 1 << 20:
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return None
+
+
+def _write_step(acc, module, optimizer, scheduler, tmp: Path, step: int, plan: Plan) -> OSError | None:
+    """Write the step's files into `tmp` (each rank its part); the OSError that stopped it, on every rank."""
     import torch
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
-    from torch.distributed.checkpoint._traverse import set_element
     from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.metadata import StorageMeta
+    from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    class Reader(FileSystemReader):
-        def read_metadata(self, *args: Any, **kwargs: Any):
-            metadata = _read_metadata(step_dir, Path(self._get_metadata_path(kwargs.get("rank"))))
-            if getattr(metadata, "storage_meta", None) is None:  # as FileSystemReader.read_metadata does
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            return metadata
-
-        def read_data(self, plan, planner):
-            try:
-                return super().read_data(plan, planner)
-            except (OSError, EOFError, RuntimeError, pickle.UnpicklingError) as e:  # a shard missing, cut, planted
-                raise _load_failed(step_dir, Path(getattr(e, "filename", None) or self.path), e) from None
-
-    class Planner(DefaultLoadPlanner):
-        def load_bytes(self, read_item, value):  # DefaultLoadPlanner.load_bytes, with weights_only=True
-            path = Path(reader.path) / reader.storage_data[read_item.storage_index].relative_path
-            try:
-                obj = torch.load(value, weights_only=True)
-            except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
-                raise _load_failed(step_dir, path, e) from None
-            fqn = read_item.dest_index.fqn
-            if self.flatten_state_dict:
-                set_element(self.original_state_dict, self.mappings[fqn], obj)
-            else:
-                self.state_dict[fqn] = obj
-
-    reader = Reader(step_dir / "dcp")
-    # Refused here rather than inside dcp.load, which logs a failed read_metadata with its traceback, retries
-    # with rank-local metadata and raises an AssertionError.
-    reader.read_metadata()
+    error = None
+    model_sd, optim_sd = get_state_dict(module, optimizer)
     try:
-        dcp.load(target, storage_reader=reader, planner=Planner())
-    except CheckpointException as e:  # what dcp.load makes of an exception on any rank
-        refused = [exc for exc, _ in e.failures.values() if isinstance(exc, InputError)]
-        if not refused:
+        with dcp_quiet():
+            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / DCP_DIR))
+        torch.save(_rng_state(), tmp / f"rng-{acc.process_index}.pt")
+    except (OSError, RuntimeError, CheckpointException) as e:
+        if (error := write_failure(e, tmp)) is None:
             raise
-        raise refused[0] from None
-
-
-@contextlib.contextmanager
-def _single_process_dcp_quiet():
-    """torch.distributed.checkpoint warns that it assumes one process when none is initialized: it is right."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
+    error = _agree_on_error(acc, error)
+    if error is None and acc.is_main_process:
+        try:
+            torch.save(scheduler.state_dict(), tmp / SCHEDULER_FILE)
+            state = {"step": step, "cursor": step * plan.sequences_per_step, "world_size": plan.world_size,
+                     "sequences_per_step": plan.sequences_per_step}
+            write_json(tmp / STATE_FILE, state, indent=1)  # written last: marks it complete
+        except (OSError, RuntimeError) as e:
+            if (error := write_failure(e, tmp)) is None:
+                raise
+    return _agree_on_error(acc, error)
 
 
 def save_training_state(acc, module, optimizer, scheduler, work: Path, step: int, plan: Plan) -> Path:
-    """Write `work/step-NNNNNN/` atomically: DCP model+optimizer, scheduler, RNG per rank, cursor."""
-    import torch
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
+    """Write `work/step-NNNNNN/` atomically: DCP model+optimizer, scheduler, RNG per rank, cursor. A write that
+    fails (a full disk) is an InputError on every rank, its temporary folder removed, the previous state kept."""
     final = work / f"step-{step:06d}"
     tmp = work / f".tmp-step-{step:06d}"
+    error = None
     if acc.is_main_process:
         for stale in work.glob(".tmp-step-*"):  # left by a kill during a save: each a full weights+optimizer copy
             shutil.rmtree(stale, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    acc.wait_for_everyone()
-    model_sd, optim_sd = get_state_dict(module, optimizer)
-    with _single_process_dcp_quiet():
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "dcp"))
-    torch.save(_rng_state(), tmp / f"rng-{acc.process_index}.pt")
-    acc.wait_for_everyone()
+        try:
+            tmp.mkdir(parents=True)
+        except OSError as e:
+            error = e
+    error = _agree_on_error(acc, error) or _write_step(acc, module, optimizer, scheduler, tmp, step, plan)
+    if error is None and acc.is_main_process:
+        try:
+            publish_dir(tmp, final, STATE_FILE)
+        except OSError as e:
+            error = e
+    error = _agree_on_error(acc, error)
+    if error is not None:
+        if acc.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        kept = [p.name for p in step_dirs(work)]
+        raise InputError(f"could not save the training state after step {step} in {work} "
+                         f"({error.strerror or error}); "
+                         + (f"{kept[-1]} is kept: free space and rerun with --resume to continue from it" if kept
+                            else "nothing was saved yet: free space and rerun with --resume"))
     if acc.is_main_process:
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-        state = {"step": step, "cursor": step * plan.sequences_per_step, "world_size": plan.world_size,
-                 "sequences_per_step": plan.sequences_per_step}
-        write_json(tmp / STATE_FILE, state, indent=1)  # written last: marks it complete
-        publish_dir(tmp, final, STATE_FILE)
         for old in work.glob("step-*"):
             if old != final and old.name < final.name:
                 shutil.rmtree(old)  # only the newest complete state is kept (each is weights + 2 Adam moments)
@@ -235,26 +271,21 @@ def save_training_state(acc, module, optimizer, scheduler, work: Path, step: int
     return final
 
 
-def load_training_state(acc, module, optimizer, scheduler, step_dir: Path, plan: Plan, log) -> int:
+def load_training_state(acc, module, optimizer, scheduler, step_dir: Path, state: dict[str, int], log) -> int:
+    """Load `step_dir` (checked by `check_step`, which gave `state`) into the module, optimizer, scheduler and this
+    rank's RNG; returns the step it holds."""
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    try:
-        state = json.loads((step_dir / STATE_FILE).read_text())
-    except ValueError:
-        raise _unusable(step_dir, step_dir / STATE_FILE, "is damaged (not JSON)") from None
-    if state["sequences_per_step"] != plan.sequences_per_step:
-        raise InputError(f"--resume: {step_dir} was trained with {state['sequences_per_step']} sequences per step, "
-                         f"this launch gives {plan.sequences_per_step}; launch as many processes as before")
+    work = step_dir.parent
     model_sd, optim_sd = get_state_dict(module, optimizer)
     target = {"model": model_sd, "optim": optim_sd}
-    with _single_process_dcp_quiet():
-        _load_dcp(target, step_dir)
+    load_dcp(target, step_dir)
     set_state_dict(module, optimizer, model_state_dict=target["model"], optim_state_dict=target["optim"])
-    scheduler.load_state_dict(_torch_load(step_dir, step_dir / "scheduler.pt"))
+    scheduler.load_state_dict(torch_load(work, step_dir / SCHEDULER_FILE))
     rng = step_dir / f"rng-{acc.process_index}.pt"
     if rng.is_file():
-        _set_rng_state(_torch_load(step_dir, rng))
+        _set_rng_state(torch_load(work, rng))
     else:
         log(f"note: no RNG state for rank {acc.process_index} in {step_dir} (launched with more ranks than before)")
     log(f"resumed from {step_dir} (step {state['step']}, data cursor {state['cursor']:,})")
-    return int(state["step"])
+    return state["step"]

@@ -22,7 +22,6 @@ from __future__ import annotations
 import array
 import contextlib
 import itertools
-import json
 import multiprocessing
 import os
 import time
@@ -38,6 +37,8 @@ import numpy as np
 from longctx.core.errors import InputError
 from longctx.core.files import atomic_dir, write_json
 from longctx.core.hashing import hash_json, tokenizer_fingerprint
+from longctx.core.parse import loads
+from longctx.core.processes import adopt, children_bound
 from longctx.data.sources import iter_documents, source_identity
 
 # Bump when the cache layout or the packing rule changes: old caches are then never reused.
@@ -95,7 +96,11 @@ class _Workers:
     def __init__(self, encoder: Any, eos: int | None, dtype: np.dtype, workers: int):
         self.encoder, self.eos, self.dtype, self.workers = encoder, eos, dtype, workers
         self.pool: ProcessPoolExecutor | None = None
+        self.bound = contextlib.ExitStack()
         if workers > 1:
+            # The workers die with this process (a kill -9 included), started as they are in `submit`, from this
+            # (the main) thread: `longctx.core.processes`.
+            self.bound.enter_context(children_bound())
             # spawn: the parent may hold torch and process-group threads, which a fork would copy mid-state
             self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                                             initializer=_start_worker, initargs=(encoder, eos, dtype))
@@ -116,6 +121,7 @@ class _Workers:
     def close(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
+        self.bound.close()
 
 
 @contextlib.contextmanager
@@ -138,6 +144,7 @@ _WORKER: tuple[Any, int | None, np.dtype] | None = None
 
 def _start_worker(encoder: Any, eos: int | None, dtype: np.dtype) -> None:
     global _WORKER
+    adopt()  # first: a worker whose parent is gone ends here
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _WORKER = (encoder, eos, dtype)
 
@@ -205,7 +212,7 @@ class Pool:
     """Tokenized documents of one pool: a memory-mapped token array and document offsets."""
 
     def __init__(self, directory: Path, source_key: str, budget: int):
-        meta = json.loads((directory / "meta.json").read_text())
+        meta = loads((directory / "meta.json").read_text())
         self.directory, self.source_key = directory, source_key
         offsets = np.load(directory / "doc_offsets.npy")
         # A cache built for a larger budget: its documents up to the one that reaches `budget`.
@@ -227,8 +234,8 @@ class Pool:
 
 def _find_token_cache(cache_dir: Path, source_key: str, budget: int) -> Path | None:
     for d in sorted(cache_dir.glob(f"tokens-{source_key}-*")):
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            meta = json.loads((d / "meta.json").read_text())
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # torn, over a parse limit, not ours
+            meta = loads((d / "meta.json").read_text())
             if meta["version"] == CACHE_VERSION and (meta["exhausted"] or meta["tokens"] >= budget):
                 return d
     return None

@@ -29,6 +29,8 @@ def _write_tokenizer(s: InitSettings, source: Path | None, out: Path):
     """Write the tokenizer `s.tokenizer` asks for (from the folder `source` when it names one) into `out`;
     return it loaded."""
     from longctx.checkpoint.directory import copy_side_files, is_tokenizer_file
+    from longctx.core.files import json_object
+    from longctx.checkpoint.paths import code_modules
     from longctx.checkpoint.tokenizer import load_tokenizer, write_reference_tokenizer
     from longctx.init.bpe import train_bpe_tokenizer
 
@@ -40,8 +42,11 @@ def _write_tokenizer(s: InitSettings, source: Path | None, out: Path):
         # (checkpoints/README.md has what coarser digit tokens did to the tiny models).
         train_bpe_tokenizer(out, s.vocab_size, corpus, digit_group=1)
     else:
-        copy_side_files(source, out, keep=is_tokenizer_file)
-    return load_tokenizer(out)
+        # with --trust-remote-code the code its auto_map names travels with it (top-level modules, as transformers
+        # writes them: dynamic_module_utils.custom_object_save)
+        code = s.trust_remote_code and bool(code_modules(json_object(source / "tokenizer_config.json").get("auto_map")))
+        copy_side_files(source, out, keep=lambda p: is_tokenizer_file(p) or (code and p.suffix == ".py"))
+    return load_tokenizer(out, s.trust_remote_code)
 
 
 def _check_config(s: InitSettings, overrides: dict) -> None:
@@ -68,7 +73,7 @@ def init_checkpoint(s: InitSettings) -> InitResult:
     from longctx.checkpoint.directory import write_provenance
     from longctx.checkpoint.hub import hub_origin, resolve_checkpoint
     from longctx.checkpoint.rope import check_written_rope, read_rope
-    from longctx.checkpoint.tokenizer import require_tokenizer_files
+    from longctx.checkpoint.tokenizer import check_tokenizer_source, require_tokenizer_files
     from longctx.core.files import CHECKPOINT_KIND, atomic_dir, check_output
     from longctx.init.presets import PRESET_DTYPES, PRESETS, model_config, parameter_count
     from longctx.models.gated_qwen3 import causal_lm_class
@@ -80,6 +85,7 @@ def init_checkpoint(s: InitSettings) -> InitResult:
     source = None if s.tokenizer in TOKENIZER_CHOICES else resolve_checkpoint(s.tokenizer, tokenizer_only=True)
     if source is not None:
         require_tokenizer_files(source)  # a local folder was checked with the settings; a snapshot now
+        check_tokenizer_source(source, s.trust_remote_code)  # before anything is written
     check_output(out, CHECKPOINT_KIND, inputs=[("tokenizer", source)] if source else [], overwrite=s.overwrite)
     overrides = dict(s.config)
     if s.tie_embeddings is not None:
@@ -106,7 +112,7 @@ def init_checkpoint(s: InitSettings) -> InitResult:
         args = {"preset": s.preset, "attention": s.attention, "tokenizer": s.tokenizer,
                 "tokenizer_hub": hub_origin(source) if source else None, "match_params": s.match_params,
                 "seed": s.seed, "dtype": dtype, **({"bpe_vocab_size": s.vocab_size} if s.tokenizer == "bpe" else {}),
-                **overrides}
+                **({"trust_remote_code": True} if s.trust_remote_code else {}), **overrides}
         write_provenance(tmp, "init", args, None)
     return InitResult(out, config.architectures[0], s.attention, s.preset, dtype, params, baseline_params,
                       config.intermediate_size, config.vocab_size)

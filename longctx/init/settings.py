@@ -9,6 +9,7 @@ from typing import Any
 from longctx.checkpoint.directory import is_tokenizer_file
 from longctx.core.errors import ref
 from longctx.checkpoint.hub import parse_hub_id
+from longctx.checkpoint.load import trust_remote_code_setting
 from longctx.core.kinds import Bool, CheckpointPath, Choice, Int, LocalPath, Overrides
 from longctx.core.settings import REQUIRED, Settings, setting
 from longctx.init.presets import PRESETS
@@ -52,6 +53,7 @@ class InitSettings(Settings):
     config: dict[str, Any] = setting({}, Overrides(), "Config keys to set on top of the preset (repeatable), e.g. "
                                                       "max_position_embeddings=256.")
     overwrite: bool = setting(False, Bool(), "Replace OUT if it exists.", recipe=False)
+    trust_remote_code: bool = trust_remote_code_setting()
 
     def check(self) -> None:
         if self.match_params and self.attention == "baseline":

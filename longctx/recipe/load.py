@@ -8,7 +8,6 @@ count from the base file, so a variant may live anywhere).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -18,12 +17,20 @@ from typing import Any
 from longctx.checkpoint.hub import cached_file, parse_hub_id
 from longctx.core.errors import InputError, SettingError
 from longctx.core.kinds import CheckpointPath, did_you_mean
+from longctx.core.parse import LimitError, check_size, load_yaml, loads
 from longctx.core.settings import Settings
 from longctx.recipe.sections import (CHECKPOINT_STAGES, MODEL_SECTIONS, MODEL_STAGES, SOURCES, STAGE_SECTIONS,
                                      TRAIN_STAGES, LauncherSettings)
 
 TOP_KEYS = ("description", "base", "models", "launcher", *STAGE_SECTIONS)
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+# A model name names folders (`<out>/<name>/<stage>/<name>-<stage>`, and a writer's temporary
+# `.<name>-<stage>.tmp-<host>-<pid>-<random>` beside them) and must leave room in a file name's 255 bytes.
+MAX_NAME = 64
+_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{MAX_NAME - 1}}}")
+# How many recipes may build on each other through `base:` (a real chain is two or three long).
+MAX_BASES = 32
+# A recipe is a few kilobytes; anything near this is not one.
+MAX_RECIPE_BYTES = 1 << 20
 
 
 @dataclass
@@ -155,18 +162,37 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """The recipe at `path` with its base merged in and every relative path anchored to its own file."""
+def _read_document(path: Path) -> Any:
+    """The YAML document in the recipe file `path`, or InputError: unreadable, not UTF-8, over a limit of
+    `load_yaml` (size, nesting, aliases), or not YAML (a key written twice included)."""
     import yaml
 
-    if not path.is_file():
-        raise InputError(f"recipe '{path}' does not exist" if not seen else f"{seen[-1]}: base '{path}' does not exist")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
+        check_size(len(data), MAX_RECIPE_BYTES, "the file")
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise InputError(f"{path}: not UTF-8 text (byte {data[e.start]:#04x} at line {line}); save the recipe "
+                         "as UTF-8") from None
+    except LimitError as e:
+        raise InputError(f"{path}: {e}; a recipe is a few kilobytes") from None
+    try:
+        return load_yaml(text)
+    except LimitError as e:
+        raise InputError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
         raise InputError(f"{path}: not valid YAML{at} ({getattr(e, 'problem', None) or e})") from None
+
+
+def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The recipe at `path` with its base merged in and every relative path anchored to its own file;
+    InputError for a base chain longer than MAX_BASES recipes."""
+    if not path.is_file():
+        raise InputError(f"recipe '{path}' does not exist" if not seen else f"{seen[-1]}: base '{path}' does not exist")
+    raw = _read_document(path)
     if not isinstance(raw, dict):
         raise InputError(f"{path}: a recipe is a mapping of sections (models, extend, ruler, ...)")
     raw = _anchor_doc(raw, path.resolve().parent)
@@ -176,6 +202,10 @@ def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         base_path = (path.parent / raw["base"]).resolve()
         if base_path in seen or base_path == path.resolve():
             raise _fail(str(path), "base", f"'{raw['base']}' includes itself")
+        if len(seen) + 1 >= MAX_BASES:
+            first = seen[0] if seen else path
+            raise _fail(str(first), "base", f"starts a chain of more than {MAX_BASES} recipes (each the base of "
+                                            f"the one before); at most {MAX_BASES} may build on each other")
         raw = _merge(read_yaml(base_path, (*seen, path.resolve())), {k: v for k, v in raw.items() if k != "base"})
     return raw
 
@@ -186,7 +216,9 @@ def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
 def _model(file: str, name: Any, raw: Any, offline_data: bool) -> Model:
     where = f"models.{name}"
     if not isinstance(name, str) or not _NAME.fullmatch(name) or name == "compare":
-        raise _fail(file, "models", f"has a bad model name {name!r} (letters, digits, '_', '.', '-'; not 'compare')")
+        shown = repr(name) if len(str(name)) <= 80 else f"{str(name)[:40]!r}... ({len(str(name))} characters)"
+        raise _fail(file, "models", f"has a bad model name {shown} (letters, digits, '_', '.', '-', at most "
+                                    f"{MAX_NAME} characters; not 'compare')")
     if not isinstance(raw, dict) or len(raw) != 1 or next(iter(raw)) not in SOURCES:
         keys = ", ".join(map(str, raw)) if isinstance(raw, dict) else repr(raw)
         hint = did_you_mean(str(next(iter(raw))), SOURCES) if isinstance(raw, dict) and len(raw) == 1 else ""
@@ -222,7 +254,7 @@ def source_length(model: Model) -> int | None:
     if cfg_path is None:  # a Hub checkpoint not downloaded yet
         return None
     try:
-        return read_rope(json.loads(cfg_path.read_text(encoding="utf-8"))).trained_length
+        return read_rope(loads(cfg_path.read_text(encoding="utf-8"))).trained_length
     except (OSError, ValueError, AttributeError):
         return None
 

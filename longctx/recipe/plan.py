@@ -45,14 +45,16 @@ class Step:
 
 
 def section_record(s: Settings) -> dict[str, Any]:
-    """The settings a recipe section holds (without the paths the plan supplies)."""
-    return {f.name: getattr(s, f.name) for f, spec in s.specs() if spec.recipe}
+    """The settings a recipe section holds (without the paths the plan supplies), as the stage's marker records
+    them and its hash covers: a value that may hold a secret (a URL) redacted."""
+    return {f.name: spec.kind.recorded(getattr(s, f.name)) for f, spec in s.specs() if spec.recipe}
 
 
 def as_job(section: Settings, cls: type[Settings], **changes: Any) -> Settings:
     """`section` (a recipe section, possibly with recipe-only keys) as the verb settings `cls` with `changes`."""
     names = {f.name for f, _ in cls.specs()}
-    return cls(**{**{k: v for k, v in section_record(section).items() if k in names}, **changes})
+    values = {f.name: getattr(section, f.name) for f, spec in section.specs() if spec.recipe and f.name in names}
+    return cls(**{**values, **changes})
 
 
 def _stage_lengths(recipe: Recipe, model: Model, checkpoint_stage: str) -> list[int]:

@@ -5,12 +5,19 @@
 Stages, in order, for every model: the model itself (`init` a fresh checkpoint, `convert` a released
 one, or a local `checkpoint`), `pretrain`, `extend`, `yarn`, `ruler`, `sinks`; then `compare` across
 models. Each stage directory holds a `stage.json` marker with a hash of the stage's settings and its
-inputs' fingerprints. A stage whose marker matches and is complete is skipped, one that was interrupted
-resumes, and a changed setting (or a changed input) reruns that stage and every later one.
+inputs' fingerprints and, once the stage is complete, the sha256 of every file the stage wrote into its folder.
+A stage whose marker matches, is complete and whose files are as it wrote them is skipped, one that was
+interrupted resumes, and a changed setting, a changed input or a changed file (edited, added or removed by
+hand) reruns that stage and every later one.
+
+A stage folder holds only what its stage writes: rerunning a stage replaces its folder, so a file found there
+that the stage did not write (one the user put there) is refused in one line, before anything runs, never
+deleted; longctx's own bookkeeping (the marker, ownership marks, locks, writers' temporaries) is not counted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -27,9 +34,11 @@ from typing import Any
 from longctx.checkpoint.hub import cached_file, download_command, parse_hub_id
 from longctx.core.clock import utc_timestamp
 from longctx.core.errors import InputError, SettingError
-from longctx.core.files import make_output, write_json
-from longctx.core.hashing import hash_json
+from longctx.core.files import OWNER_FILE, check_output, make_output, temporary_target, write_json
+from longctx.core.locks import LOCK_FILE
+from longctx.core.hashing import hash_json, tree_files, tree_hashes
 from longctx.core.kinds import Bool, Choice, LocalPath, did_you_mean
+from longctx.core.parse import loads
 from longctx.core.settings import REQUIRED, Settings, setting
 from longctx.data.sources import uncached_dataset
 from longctx.recipe.load import Recipe, load_recipe
@@ -40,6 +49,7 @@ from longctx.report.compare import COMPARISON_KIND
 # What `--from` accepts: the model sources that are stages of their own, then the stages in order.
 FROM_STAGES = ("init", "convert", *MODEL_STAGES, "compare")
 MARKER = "stage.json"
+RECIPE_KIND = "recipe run"  # the output folder's `longctx.core.files` marker
 
 
 @dataclass(frozen=True)
@@ -51,16 +61,80 @@ class RunSettings(Settings):
                                                                          "before it must have run.", flag="--from")
     dry_run: bool = setting(False, Bool(), "Print the plan (settings, outputs, run/skip, launch lines); run nothing.")
 
+    def output_path(self) -> str:
+        return str(default_output(self.recipe, self.output))
+
+
+def default_output(recipe: str | os.PathLike, output: str | os.PathLike | None) -> Path:
+    """A recipe run's output folder: `output`, else runs/<recipe name>."""
+    return Path(output) if output is not None else Path("runs") / Path(recipe).stem
+
 
 # --- stage markers ---------------------------------------------------------------------------------
 
 
 def _read_marker(d: Path) -> dict[str, Any] | None:
     try:
-        m = json.loads((d / MARKER).read_text(encoding="utf-8"))
+        m = loads((d / MARKER).read_text(encoding="utf-8"))
         return m if isinstance(m, dict) else None
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):  # none, torn or over a limit: the stage has not run
         return None
+
+
+def _bookkeeping(name: str) -> bool:
+    """A file longctx keeps beside a stage's outputs, not an output itself: the stage marker, an ownership mark,
+    a lock, a writer's temporary."""
+    return (name in (MARKER, OWNER_FILE) or name.endswith(LOCK_FILE)
+            or temporary_target(name, any_process=True) is not None)
+
+
+def _stage_hashes(d: Path) -> dict[str, str]:
+    """sha256 of every file in the stage folder `d` but the bookkeeping, by relative path."""
+    return tree_hashes(d, _bookkeeping)
+
+
+def _changed_file(step: Step, marker: dict[str, Any]) -> str | None:
+    """How the files of the complete stage in `step.dir` differ from what it recorded writing (the first
+    difference), or None when they do not."""
+    recorded = marker.get("files")
+    if not isinstance(recorded, dict):
+        return "it has no record of the files it wrote"
+    found = _stage_hashes(step.dir)
+    for rel in sorted(set(recorded) | set(found)):
+        if rel not in found:
+            return f"{rel} was removed"
+        if rel not in recorded:
+            return f"{rel} was added"
+        if found[rel] != recorded[rel]:
+            return f"{rel} was changed"
+    return None
+
+
+def _foreign_files(step: Step) -> list[str]:
+    """Files in the stage folder that its stage did not write (relative paths): with a record of what it wrote
+    (a complete stage), those not in it; otherwise the entries beside its outputs that are neither one of them
+    (nor named after one, as extend's `OUTPUT.train`) nor bookkeeping."""
+    marker = _read_marker(step.dir)
+    recorded = marker.get("files") if marker and marker.get("complete") else None
+    if isinstance(recorded, dict):
+        return [rel for rel in tree_files(step.dir, _bookkeeping) if rel not in recorded]
+    if step.dir in step.outputs:  # the folder is the output itself (compare): nothing tells its files apart
+        return []
+    outputs = {p.name for p in step.outputs if p.parent == step.dir}
+    return sorted(n for n in os.listdir(step.dir) if not _bookkeeping(n)
+                  and not any(n == o or n.startswith(f"{o}.") for o in outputs))
+
+
+def _check_foreign(step: Step) -> None:
+    """InputError when the folder of `step`, which runs again (and so is replaced), holds a file its stage did
+    not write."""
+    if step.status != "run" or not step.dir.is_dir():
+        return
+    foreign = _foreign_files(step)
+    if foreign:
+        more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
+        raise InputError(f"'{step.dir / foreign[0]}'{more} was not written by the {step.stage} stage, whose folder "
+                         f"a rerun replaces ({step.reason}); move it out of '{step.dir}' first")
 
 
 def _local_input(path: Path) -> Path | None:
@@ -121,6 +195,8 @@ def _decide(step: Step, forced: str | None) -> None:
         step.status, step.reason = "resume", "interrupted"
     elif not all(p.exists() for p in step.outputs):
         step.status, step.reason = "run", "outputs missing"
+    elif (changed := _changed_file(step, marker)) is not None:
+        step.status, step.reason = "run", f"its files differ from what it wrote: {changed}"
     else:
         step.status, step.reason = "skip", "up to date"
 
@@ -174,6 +250,14 @@ def _run_sinks(step: Step, log: Callable[[str], None]) -> None:
         run_dir = ruler_dir / Path(job.output).name
         if (run_dir / "results.json").is_file():
             shutil.copy2(outcome.file, run_dir / "sinks.json")
+            _record_files(ruler_dir)
+
+
+def _record_files(d: Path) -> None:
+    """Record anew the files of the complete stage in `d`, after a later stage added one of its own there."""
+    marker = _read_marker(d)
+    if marker is not None and marker.get("complete"):
+        write_json(d / MARKER, {**marker, "files": _stage_hashes(d)})
 
 
 def comparison_text(compare_dir: Path) -> str:
@@ -263,6 +347,18 @@ def _check_from(recipe: Recipe, steps: list[Step], from_stage: str | None) -> No
                              "run the earlier stages first (without --from)")
 
 
+def _decide_all(steps: list[Step], from_stage: str | None) -> None:
+    """Set every step's status as the run will find it; InputError when a stage that runs again would replace
+    a file the user put in its folder."""
+    ran: set[str | None] = set()
+    for s in steps:
+        _decide(s, _forced(s, from_stage, ran))
+        if s.status != "skip":
+            ran.add(s.model)
+    for s in steps:
+        _check_foreign(s)
+
+
 def _dry_run(recipe: Recipe, steps: list[Step], from_stage: str | None, log: Callable[[str], None]) -> None:
     for key, path in recipe_inputs(recipe):
         hub = parse_hub_id(str(path))
@@ -274,11 +370,8 @@ def _dry_run(recipe: Recipe, steps: list[Step], from_stage: str | None, log: Cal
         if command is not None:
             log(f"input  {key}: {spec} is not in the local Hugging Face cache; its stage downloads it, or "
                 f"fetch it first: {command}")
-    ran: set[str | None] = set()
+    _decide_all(steps, from_stage)
     for s in steps:
-        _decide(s, _forced(s, from_stage, ran))
-        if s.status != "skip":
-            ran.add(s.model)
         log(f"{s.status:<6} {s.label}: {s.reason}")
         log(f"       settings: {_describe(s)}")
         log(f"       output:   {', '.join(map(str, s.outputs))}")
@@ -286,7 +379,10 @@ def _dry_run(recipe: Recipe, steps: list[Step], from_stage: str | None, log: Cal
             log(f"       launch:   {shlex.join(s.launch)}")
 
 
-def _run_steps(recipe: Recipe, steps: list[Step], from_stage: str | None, log: Callable[[str], None]) -> str | None:
+def _run_steps(recipe: Recipe, out: Path, steps: list[Step], from_stage: str | None,
+               log: Callable[[str], None]) -> str | None:
+    """Run the steps that are not up to date; `out` (the recipe's output folder) is made and marked when the
+    first of them starts, so a refusal before that leaves nothing behind."""
     comparison = None
     ran: set[str | None] = set()
     rank = machine_rank(recipe)
@@ -307,21 +403,26 @@ def _run_steps(recipe: Recipe, steps: list[Step], from_stage: str | None, log: C
         if missing:
             raise InputError(f"{s.label}: input {missing[0]} does not exist")
         log(f"{s.status} {s.label} ({s.reason}) -> {s.dir}")
-        if s.status == "run" and s.dir.exists():
-            shutil.rmtree(s.dir)
-        s.dir.mkdir(parents=True, exist_ok=True)
-        if s.stage == "compare":  # its stage folder is the comparison's output folder
-            make_output(s.dir, COMPARISON_KIND)
+        # the key fingerprints the inputs, which refuses a bad one: before the stage folder is touched
         marker = {"stage": s.stage, "model": s.model, "key": stage_key(s), "settings": s.settings,
                   "inputs": [str(p) for p in s.inputs], "outputs": [str(p) for p in s.outputs], "complete": False,
                   "started": utc_timestamp()}
+        if s.status == "run" and s.dir.exists():
+            _check_foreign(s)
+            shutil.rmtree(s.dir)
+        if rank == 0:
+            make_output(out, RECIPE_KIND)
+        s.dir.mkdir(parents=True, exist_ok=True)
+        if s.stage == "compare":  # its stage folder is the comparison's output folder
+            make_output(s.dir, COMPARISON_KIND)
         write_json(s.dir / MARKER, marker)
         t = time.time()
         try:
             text = _execute(recipe, s, log)
         except SettingError as e:
             raise _in_recipe(recipe, s, e) from None
-        write_json(s.dir / MARKER, {**marker, "complete": True, "seconds": round(time.time() - t, 1)})
+        write_json(s.dir / MARKER, {**marker, "complete": True, "seconds": round(time.time() - t, 1),
+                                    "files": _stage_hashes(s.dir)})
         if text is not None:
             comparison = text
     return comparison
@@ -331,7 +432,7 @@ def run_recipe(path: str | os.PathLike, out_dir: str | os.PathLike | None = None
                dry_run: bool = False, log: Callable[[str], None] = print) -> RecipeResult:
     """Run (or with dry_run, only plan) a recipe into `out_dir` [default: runs/<recipe name>]."""
     recipe = load_recipe(path, offline_data=not dry_run)
-    out = Path(out_dir) if out_dir is not None else Path("runs") / Path(path).stem
+    out = default_output(path, out_dir)
     steps = plan(recipe, out)
     _check_from(recipe, steps, from_stage)
     for s in steps:
@@ -342,8 +443,14 @@ def run_recipe(path: str | os.PathLike, out_dir: str | os.PathLike | None = None
     if dry_run:
         _dry_run(recipe, steps, from_stage, log)
         return RecipeResult(out, steps, None)
-    t0 = time.time()
-    comparison = _run_steps(recipe, steps, from_stage, log)
+    with contextlib.ExitStack() as held:
+        if machine_rank(recipe) == 0:
+            # checked, owned and locked as every verb's output (an older run's folder: one a stage wrote in)
+            held.enter_context(check_output(out, RECIPE_KIND,
+                                            legacy=lambda d: any(_read_marker(s.dir) is not None for s in steps)))
+            _decide_all(steps, from_stage)  # refuses before anything runs
+        t0 = time.time()
+        comparison = _run_steps(recipe, out, steps, from_stage, log)
     if comparison:
         log("")
         log(comparison)

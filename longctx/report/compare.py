@@ -24,8 +24,10 @@ differences and `stats.METHOD`) and compare.png are written.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,8 @@ from longctx.core.kinds import did_you_mean
 from longctx.core.units import length_label
 from longctx.report import stats
 from longctx.report.external import load_run
-from longctx.report.results import Results, mean, per_length_means
+from longctx.report.results import RESULTS_FILE, Results, mean, per_length_means
+from longctx.report.samples import sample_answers
 from longctx.report.settings import CompareSettings
 from longctx.report.tables import fmt, fmt_pm, markdown_row
 
@@ -89,7 +92,6 @@ def _shared_sample_scores(runs: list[Results], dirs: list[Path], names: list[str
     the larger runs are rescored on the first N samples (N = the smallest count) from their predictions,
     when those are the same samples (same references) as the smallest run's. Else the table notes it.
     Also the number of samples each score is over."""
-    from longctx.eval.predictions import read_predictions
     from longctx.eval.scoring import score_predictions
 
     scores = {n: {t: dict(r["scores"][t]) for t in tasks} for n, r in zip(names, runs)}
@@ -102,17 +104,16 @@ def _shared_sample_scores(runs: list[Results], dirs: list[Path], names: list[str
             if len(set(counts.values())) < 2 or None in counts.values():  # None: another tool's, counts unknown
                 continue
             n_min = min(counts.values())
-            preds = {n: read_predictions(d / "pred" / str(L) / f"{t}.jsonl") for n, _, d in members}
-            firsts = {n: [p.get(i) for i in range(n_min)] for n, p in preds.items()}
-            refs = [[None if rec is None else rec["outputs"] for rec in f] for f in firsts.values()]
-            if any(None in x for x in refs) or any(x != refs[0] for x in refs):
+            # the first samples with references from each run's task file (never from its prediction lines)
+            answers = {n: sample_answers(d, t, L, n_min) for n, _, d in members}
+            firsts = list(answers.values())
+            if any(a is None for a in firsts) or any(a.prompts != firsts[0].prompts for a in firsts):
                 unequal.append(f"{t} {length_label(L)} ({', '.join(f'{n}: {c}' for n, c in counts.items())})")
                 continue
             for n, r, _ in members:
                 if counts[n] > n_min:
-                    f = firsts[n]
-                    scores[n][t][L] = score_predictions([rec["pred"] for rec in f], [rec["outputs"] for rec in f],
-                                                        r["metrics"][t]).score
+                    a = answers[n]
+                    scores[n][t][L] = score_predictions(a.preds, a.refs, r["metrics"][t]).score
                     used[n][t][L] = n_min
             rescored.append(f"{t} {length_label(L)}: first {n_min}")
     if rescored:
@@ -483,15 +484,44 @@ def _write(cmp: Comparison, table: _Table, out: Path, doc: dict[str, Any]) -> No
 
 
 def compare(s: CompareSettings) -> Comparison:
-    """The comparison of `s.runs` (see the module docstring), written to `s.output` when given."""
+    """The comparison of `s.runs` (see the module docstring), written to `s.output` when given (locked from its
+    check until it is written). A run given twice (the same folder or file, by its real path) is refused."""
+    dirs = [Path(d) for d in s.runs]
+    base = None
+    if s.baseline is not None:  # a run of its own, unless it is one of the runs
+        base = _same_as(Path(s.baseline), dirs)
+        if base is None:
+            base = Path(s.baseline)
+            dirs.append(base)
+    _check_distinct(dirs)
+    with contextlib.ExitStack() as held:
+        if s.output is not None:
+            inputs = [*(("run", d) for d in dirs), *(("sinks file", Path(p)) for p in s.sinks)]
+            held.enter_context(check_output(Path(s.output), COMPARISON_KIND, inputs=inputs))
+        return _compare(s, dirs, base)
+
+
+def _same_as(run: Path, others: list[Path]) -> Path | None:
+    """The first of `others` that is `run` under another name (the same folder or file)."""
+    return next((o for o in others if os.path.realpath(o) == os.path.realpath(run)), None)
+
+
+def _check_distinct(dirs: list[Path]) -> None:
+    """InputError when a run is given twice: the same folder or file under two names (its real path). A copy of
+    a run is a run of its own (comparing one with its copy gives zero differences, which is how the statistics
+    are checked)."""
+    for i, d in enumerate(dirs):
+        same = _same_as(d, dirs[:i])
+        if same is not None:
+            raise InputError(f"'{d}' is the run '{same}' again (the same {'file' if d.is_file() else 'folder'}); "
+                             "give each run once")
+
+
+def _compare(s: CompareSettings, dirs: list[Path], baseline: Path | None) -> Comparison:
+    """`compare`, its runs (`dirs`, the baseline among them) checked and its output (when given) locked."""
     from longctx.checkpoint.describe import sliding_note
     from longctx.report.sinks import COMPARE_COLUMNS, compare_cells, sinks_for_runs
 
-    dirs = [Path(d) for d in s.runs]
-    if s.baseline is not None and Path(s.baseline) not in dirs:
-        dirs.append(Path(s.baseline))
-    if s.output is not None:
-        check_output(Path(s.output), COMPARISON_KIND, inputs=[("run", d) for d in dirs])
     loaded = [load_run(d) for d in dirs]
     runs, run_dirs = [r for r, _ in loaded], [d for _, d in loaded]
     names = _unique_names(runs, dirs)
@@ -514,7 +544,7 @@ def compare(s: CompareSettings) -> Comparison:
     notes += [n for run, name in zip(runs, names)
               if (n := sliding_note(name, run["model"].get("sliding_window"), run["lengths"]))]
     table.reference = _reference(table, runs, s.reference)
-    base_name = names[dirs.index(Path(s.baseline))] if s.baseline is not None else None
+    base_name = names[dirs.index(baseline)] if baseline is not None else None
 
     # per-sample scores only where intervals or differences need them (reading predictions costs time)
     wanted = s.intervals or s.output is not None or base_name is not None or (table5 and bool(parents))

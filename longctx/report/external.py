@@ -27,6 +27,7 @@ from typing import Any
 from longctx.core.clock import utc_timestamp
 from longctx.core.errors import InputError
 from longctx.core.files import write_atomic
+from longctx.core.parse import loads
 from longctx.report.results import RESULTS_FORMAT, THRESHOLD, Results, aggregate, per_length_means
 
 GROUP = "ruler"
@@ -133,11 +134,11 @@ def _from_scores(name: str, source: str, path: Path, scores: dict[str, dict[int,
 
 def read_lm_eval(path: Path) -> Results:
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = loads(path.read_text(encoding="utf-8"))
         results = doc["results"]
         if not isinstance(results, dict):
             raise TypeError
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError):  # ValueError: not JSON, or over a parse limit
         raise InputError(f"'{path}' is not an lm-eval results file (a JSON object with 'results')") from None
     scores: dict[str, dict[int, float | None]] = {}
     group: dict[int, float | None] = {}
@@ -231,22 +232,27 @@ EXPORT_KIND = "ruler-export"  # its `longctx.core.files` output marker (a folder
 
 def export(s) -> list[Path]:
     """`longctx export` (`s`: ExportSettings): the run's results in another tool's format; refusals before any
-    file is written."""
-    from longctx.core.files import check_output, file_in_the_way, make_output
-    from longctx.report.results import load_results
+    file is written. The output (a file, or a folder of summary.csv files) is locked while it is written, and
+    never is (nor holds, nor lies in) the run it is made from."""
+    from longctx.core.files import check_apart, check_output, file_in_the_way, make_output
+    from longctx.core.locks import OutputLock, check_link
+    from longctx.report.results import RESULTS_FILE, load_results
 
     run, out = Path(s.run), Path(s.output)
     results = load_results(run)
-    if s.format == "lm-eval":
-        if out.is_dir():
-            raise InputError(f"-o '{out}' is a folder; lm-eval results are one JSON file: give a file path")
-        found = file_in_the_way(out.parent)
-        if found is not None:
-            raise InputError(f"-o '{out}' lies under '{found}', which is a file, not a folder; choose another -o")
+    if s.format != "lm-eval":
+        with check_output(out, EXPORT_KIND, inputs=[("run", run)]):
+            make_output(out, EXPORT_KIND)
+            return export_run(results, s.format, out)
+    check_link(out, "-o")
+    if out.is_dir():
+        raise InputError(f"-o '{out}' is a folder; lm-eval results are one JSON file: give a file path")
+    found = file_in_the_way(out.parent)
+    if found is not None:
+        raise InputError(f"-o '{out}' lies under '{found}', which is a file, not a folder; choose another -o")
+    check_apart(out, [("run", run), ("run's results", run / RESULTS_FILE)])
+    with OutputLock(out, "output"):
         if out.exists() and not s.overwrite:
             raise InputError(f"'{out}' exists; pass --overwrite to replace it")
         out.parent.mkdir(parents=True, exist_ok=True)
         return export_run(results, s.format, out)
-    check_output(out, EXPORT_KIND, inputs=[("run", run)])
-    make_output(out, EXPORT_KIND)
-    return export_run(results, s.format, out)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from longctx.core.errors import InputError
 from longctx.core.files import write_atomic
+from longctx.core.parse import loads
 from longctx.extend.output import LOG_FILE
 
 
@@ -17,8 +17,8 @@ def read_train_log(path: Path) -> list[dict[str, Any]]:
     rows = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
+            row = loads(line)
+        except ValueError:  # torn, or over a limit of `loads`
             continue
         if isinstance(row, dict) and isinstance(row.get("loss"), (int, float)):
             rows.append(row)

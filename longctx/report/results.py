@@ -15,8 +15,8 @@ method and seed they were computed with.
 
 from __future__ import annotations
 
-import json
 import os
+import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NotRequired, Protocol, TypedDict
@@ -25,6 +25,7 @@ from longctx.checkpoint.describe import ModelInfo
 from longctx.core.clock import utc_timestamp
 from longctx.core.errors import InputError
 from longctx.core.files import read_versioned_json
+from longctx.core.parse import loads
 from longctx.report import stats
 
 RESULTS_FORMAT = "longctx-ruler-results/1"
@@ -199,8 +200,8 @@ def read_scores(run_dir: str | os.PathLike) -> dict[str, Any]:
     lacks."""
     path = Path(run_dir) / SCORES_FILE
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        doc = loads(path.read_bytes())
+    except (OSError, ValueError) as e:
         raise InputError(f"'{run_dir}' has no readable {SCORES_FILE} ({e.__class__.__name__}); "
                          "run 'longctx ruler' first") from None
     problem = _scores_problem(doc)
@@ -208,6 +209,16 @@ def read_scores(run_dir: str | os.PathLike) -> dict[str, Any]:
         raise InputError(f"{path} is incomplete or corrupt: {problem}; rerun the 'longctx ruler' command that "
                          "made it to write it again")
     return doc
+
+
+def _redacted(backend: Any) -> Any:
+    """A scores.json's backend settings with the endpoint URL redacted (scores.json files written before URLs
+    were redacted hold it as given, credentials included)."""
+    from longctx.core.secrets import redact_url
+
+    if isinstance(backend, dict) and isinstance(backend.get("base_url"), str):
+        return {**backend, "base_url": redact_url(backend["base_url"])}
+    return backend
 
 
 def build_results(scores_doc: dict[str, Any]) -> Results:
@@ -224,7 +235,7 @@ def build_results(scores_doc: dict[str, Any]) -> Results:
         metrics[t] = row["metric"]
     per_length = per_length_means(scores, lengths, tasks)
     return Results(
-        format=RESULTS_FORMAT, model=scores_doc["model"], backend=scores_doc["backend"],
+        format=RESULTS_FORMAT, model=scores_doc["model"], backend=_redacted(scores_doc["backend"]),
         sampling=scores_doc["sampling"], template=scores_doc["template"], upstream=scores_doc["upstream"],
         task_set=scores_doc["task_set"], lengths=lengths, tasks=tasks, metrics=metrics, scores=scores,
         nulls=nulls, samples=samples, per_length=per_length, **aggregate(per_length), threshold=THRESHOLD,
@@ -309,7 +320,7 @@ def load_results(run_dir: str | os.PathLike) -> Results:
         raise InputError(f"'{run_dir}' is not a directory (give a run directory written by 'longctx ruler')")
     if not path.is_file():
         raise InputError(f"'{run_dir}' has no {RESULTS_FILE} (not a finished 'longctx ruler' run; "
-                         f"finish it with 'longctx ruler CKPT ... -o {run_dir}')")
+                         f"finish it with 'longctx ruler CKPT ... -o {shlex.quote(str(run_dir))}')")
     doc = read_versioned_json(path, RESULTS_FORMAT, "results")
     problem = _results_problem(doc)
     if problem is not None:

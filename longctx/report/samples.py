@@ -1,18 +1,19 @@
 """Per-sample scores of a RULER run directory, from its files: what intervals and paired comparisons use.
 
-For each (task, length) the first `samples` predictions (`pred/<length>/<task>.jsonl`, by sample number) are
-scored one by one with the task's metric, and each is identified by the sha256 of the prompt it answered:
-the prediction's `prompt_sha256`, or, for predictions written before it was recorded, the hash of the
-matching line of `tasks/<length>/<task>.jsonl`.
+For each (task, length) the first `samples` lines of `tasks/<length>/<task>.jsonl` (the file run.json records)
+give the references and each prompt's sha256, and each sample's prediction is the first line of
+`pred/<length>/<task>.jsonl` made from that prompt (its `prompt_sha256`); a prediction line's own `outputs`
+are never read. A sample without such a prediction leaves the cell without per-sample scores.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from longctx.eval.predictions import prompt_hash, read_predictions
+from longctx.core.errors import InputError
+from longctx.eval.binding import RUN_FILE, TASKS_DIR
+from longctx.eval.predictions import read_predictions, read_task_lines
 from longctx.eval.scoring import sample_scores
 from longctx.report.results import Results, intervals_problem
 
@@ -25,38 +26,65 @@ class Cell:
     prompts: list[str]
 
 
-def _task_prompts(path: Path, n: int) -> list[str | None]:
-    out: list[str | None] = [None] * n
-    if path.is_file():
-        with open(path, encoding="utf-8") as f:
-            for i, line in zip(range(n), f):
-                row = json.loads(line)
-                out[i] = prompt_hash(row["input"] + row["answer_prefix"])
-    return out
+@dataclass(frozen=True)
+class Answers:
+    """The first samples of one (task, length) of a run: per sample its prediction, its references (from the
+    task file) and its prompt's sha256."""
+
+    preds: list[str]
+    refs: list[list[str]]
+    prompts: list[str]
+
+
+def _recorded(run: Path) -> dict:
+    """run.json's sha256 per task file ("<length>/<task>.jsonl"); empty when there is no readable run.json."""
+    from longctx.core.parse import loads
+
+    try:
+        files = loads((run / RUN_FILE).read_bytes()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return files if isinstance(files, dict) else {}
+
+
+def sample_answers(run_dir: str | Path, task: str, length: int, n: int,
+                   recorded: dict | None = None) -> Answers | None:
+    """The first `n` samples of `task` at `length` in the run directory, each with the prediction made from
+    its task line's prompt; None when one has none, or the task file is missing or shorter. InputError when
+    the task file is not the one run.json records (`recorded`: run.json's "files", read when not given)."""
+    run = Path(run_dir)
+    rel = f"{length}/{task}.jsonl"
+    path = run / TASKS_DIR / rel
+    if not path.is_file():
+        return None
+    recorded = _recorded(run) if recorded is None else recorded
+    lines = read_task_lines(path, recorded.get(rel))[:n]
+    if len(lines) < n:
+        return None
+    prompts = [t.prompt_sha256 for t in lines]
+    preds = read_predictions(run / "pred" / str(length) / f"{task}.jsonl", prompts)
+    if len(preds) < n:
+        return None
+    return Answers([preds[i]["pred"] for i in range(n)], [t.outputs for t in lines], prompts)
 
 
 def run_samples(run_dir: str | Path, results: Results) -> dict[str, dict[int, Cell]] | None:
     """task -> length -> Cell for every scored (task, length) of `results` (the run's results.json); None when
-    the directory does not hold every prediction (e.g. results made by another tool)."""
+    the directory does not hold every prediction made from its task line's prompt (e.g. results made by
+    another tool). InputError when a task file is not the one run.json records."""
     run = Path(run_dir)
+    recorded = _recorded(run)
     out: dict[str, dict[int, Cell]] = {}
     for t in results["tasks"]:
         for L in results["lengths"]:
             n = results["samples"][t].get(L)
             if not n:
                 continue
-            preds = read_predictions(run / "pred" / str(L) / f"{t}.jsonl")
-            recs = [preds.get(i) for i in range(n)]
-            if any(r is None for r in recs):
+            answers = sample_answers(run, t, L, n, recorded)
+            if answers is None:
                 return None
-            hashes = [r.get("prompt_sha256") for r in recs]
-            if None in hashes:
-                from_tasks = _task_prompts(run / "tasks" / str(L) / f"{t}.jsonl", n)
-                hashes = [h or f for h, f in zip(hashes, from_tasks)]
-            if None in hashes:
-                return None
-            scores = sample_scores([r["pred"] for r in recs], [r["outputs"] for r in recs], results["metrics"][t])
-            out.setdefault(t, {})[L] = Cell(scores, hashes)
+            out.setdefault(t, {})[L] = Cell(sample_scores(answers.preds, answers.refs, results["metrics"][t]),
+                                            answers.prompts)
     return out
 
 
@@ -65,9 +93,11 @@ def scored_samples(run_dir: str | Path, results: Results) -> tuple[dict[str, dic
     intervals and paired differences may be computed from."""
     try:
         samples = run_samples(run_dir, results)
+    except InputError as e:  # a task file that is not the one the run recorded
+        return None, str(e)
     except (ValueError, KeyError, TypeError) as e:  # a prediction file another tool wrote, an unknown metric
         return None, f"its predictions could not be scored one by one ({e.__class__.__name__}: {e})"
     if samples is None:
-        return None, "its run directory does not hold every prediction and its prompt"
+        return None, "its run directory does not hold every prediction made from its task file's prompts"
     problem = intervals_problem(results, samples)
     return (None, f"its predictions do not give its scores ({problem})") if problem else (samples, None)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from longctx.checkpoint.rope import (
     yarn_longrope_form,
 )
 from longctx.core.errors import InputError
-from longctx.yarn.settings import YarnSettings
+from longctx.yarn.settings import YarnSettings, default_output
 
 # Keys `longctx yarn` never writes: transformers' `attention_factor` replaces the attention scale while
 # older vLLM releases ignore it (`_compute_yarn_parameters` vs vLLM's `YaRNScalingRotaryEmbedding`).
@@ -186,8 +187,9 @@ def vllm_command_line(checkpoint: str, source: str, rope: RopeSettings) -> tuple
     """(serve the new checkpoint, serve the source checkpoint with --hf-overrides) as shell lines."""
     s = vllm_settings(rope)
     over = json.dumps(s["hf_overrides"], separators=(", ", ": "))
-    return (f"vllm serve {checkpoint} --max-model-len {s['max_model_len']}",
-            f"vllm serve {source} --max-model-len {s['max_model_len']} --hf-overrides '{over}'")
+    length = ["--max-model-len", str(s["max_model_len"])]
+    return (shlex.join(["vllm", "serve", checkpoint, *length]),
+            shlex.join(["vllm", "serve", source, *length, "--hf-overrides", over]))
 
 
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
@@ -217,21 +219,17 @@ class YarnResult:
 def yarn_checkpoint(s: YarnSettings) -> YarnResult:
     """Write a YaRN-scaled copy of `s.checkpoint` (weights hard-linked or copied unchanged, tokenizer and
     generation config copied, provenance in longctx.json), atomically."""
-    from longctx.checkpoint.describe import checkpoint_name
     from longctx.checkpoint.directory import (
         checkpoint_dir,
         copy_side_files,
         read_config,
         write_provenance,
     )
-    from longctx.checkpoint.hub import hub_origin
     from longctx.core.files import CHECKPOINT_KIND, atomic_dir, check_output, write_json
 
     src = checkpoint_dir(s.checkpoint)
     cfg = read_config(src)
-    # default: beside the source, or (a Hub snapshot, inside the Hub cache) in the current directory
-    beside = Path.cwd() if hub_origin(src) else src.parent
-    out = Path(s.output) if s.output is not None else beside / f"{checkpoint_name(src)}-yarn{s.factor:g}x"
+    out = Path(s.output) if s.output is not None else default_output(src, s.factor)
     trust = s.trust_remote_code
     result = apply_yarn(cfg, s.factor, s.original_max_position_embeddings, s.rescale, s.beta_fast, s.beta_slow,
                         s.truncate, s.config_format, label=str(out / "config.json"), trust_remote_code=trust,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from longctx.checkpoint.load import trust_remote_code_setting
 from longctx.core.kinds import Bool, Choice, Factor, Float, Length, LocalPath, Text
@@ -33,3 +34,25 @@ class YarnSettings(Settings):
     config_format: str = setting("v5", Choice(CONFIG_FORMATS, "config format"),
                                  "v5: rope_parameters (transformers 5); v4: rope_theta + rope_scaling; both.")
     trust_remote_code: bool = trust_remote_code_setting()
+
+    def output_path(self) -> str | None:
+        """The output, or without -o the default beside the checkpoint (None when the checkpoint cannot be found:
+        the verb itself says why)."""
+        if self.output is not None or self.checkpoint is None:
+            return self.output
+        from longctx.checkpoint.hub import resolve_checkpoint
+
+        try:
+            return str(default_output(resolve_checkpoint(self.checkpoint), self.factor))
+        except Exception:  # noqa: BLE001 - a checkpoint that does not resolve is the verb's to refuse
+            return None
+
+
+def default_output(src: Path, factor: float) -> Path:
+    """Where `yarn` writes without -o: beside the source, or (a Hub snapshot, inside the Hub cache) in the
+    current directory, as `<name>-yarn<factor>x`."""
+    from longctx.checkpoint.describe import checkpoint_name
+    from longctx.checkpoint.hub import hub_origin
+
+    beside = Path.cwd() if hub_origin(src) else src.parent
+    return beside / f"{checkpoint_name(src)}-yarn{factor:g}x"

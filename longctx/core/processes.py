@@ -1,0 +1,171 @@
+"""Nothing longctx starts outlives it: the processes it starts (vLLM's engine and workers, the tokenize workers)
+die with the process that started them, and the next writer of an output removes what a killed one left.
+
+Two mechanisms, for two ways a process ends:
+- Linux's parent-death signal (prctl(2) PR_SET_PDEATHSIG, https://man7.org/linux/man-pages/man2/prctl.2.html):
+  the kernel sends SIGKILL to a process when the thread that created it ends, whatever ended it (kill -9
+  included). It must be set in the child itself and is cleared on fork, so every process sets it for itself:
+  a forked child in an `os.register_at_fork` hook (`children_bound`; vLLM forks its engine process by default:
+  vllm-project/vllm v0.32.0 vllm/utils/system_utils.py `get_mp_context`, VLLM_WORKER_MULTIPROC_METHOD), a
+  spawned one when it starts (`adopt`: the tokenize workers' initializer, and the `vllm.general_plugins` entry
+  point longctx.models.plugin:register, which vLLM runs in a spawned engine process, v0.32.0
+  vllm/v1/engine/core.py `EngineCore.__init__`, and in each spawned worker, vllm/v1/worker/worker_base.py
+  `init_worker`; a forked one finds the plugins loaded already and skips them, hence the fork hook). vLLM starts
+  its engine process from the thread that builds `vllm.LLM` and its workers from the engine process's main
+  thread (v0.32.0 vllm/v1/engine/utils.py `CoreEngineProcManager`, vllm/v1/executor/multiproc_executor.py
+  `WorkerProc.make_worker_process`); longctx builds the engine and its tokenize pool in its main thread, so the
+  creating thread lives as long as the process. Only forks made from the main thread are bound.
+- Records: each bound process appends "child <pid> <start time>" to the lock files of the outputs its work is
+  for (`LOCKS_ENV`, kept by `longctx.core.files.OutputLock`); the next writer that takes such a lock from a dead
+  holder kills the recorded processes still alive whose start time (/proc/<pid>/stat field 22, proc(5)) shows
+  they are the same processes, not new ones that reuse the pid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import threading
+from collections.abc import Iterator
+
+# "<pid>:<start time>" of the process that started this one for longctx: a child checks that it is still
+# its parent.
+PARENT_ENV = "LONGCTX_PARENT"
+# The lock files (os.pathsep-separated) of the outputs this process writes, which its children record
+# themselves in.
+LOCKS_ENV = "LONGCTX_OUTPUT_LOCKS"
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+_hooked = False
+_forking_from_main = False
+
+
+def start_time(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot, /proc/<pid>/stat field 22), or None when there is no
+    such process, it is a zombie, or this system has no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()  # the name (field 2) may hold spaces and parentheses
+    if len(fields) < 20 or fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19]) if fields[19].isdigit() else None
+
+
+def kill_recorded(records: list[tuple[int, int]]) -> list[int]:
+    """SIGKILL every recorded (pid, start time) that is still that same process; returns the pids killed."""
+    killed = []
+    for pid, started in records:
+        if pid != os.getpid() and start_time(pid) == started:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+    return killed
+
+
+def is_main_process() -> bool:
+    """False in the other ranks of a multi-process launch (torchrun and accelerate set RANK): the main one owns
+    the outputs."""
+    rank = os.environ.get("RANK", "0").strip()
+    return not rank.isdigit() or int(rank) == 0
+
+
+def _set_parent_death_signal() -> bool:
+    """Ask the kernel to SIGKILL this process when the thread that created it ends; False where it cannot
+    (not Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def record_child(pid: int) -> None:
+    """Record process `pid` in the lock files `LOCKS_ENV` names (this process's outputs, or its starter's)."""
+    started = start_time(pid)
+    if started is None:
+        return
+    line = f"child {pid} {started}\n".encode()
+    for path in filter(None, os.environ.get(LOCKS_ENV, "").split(os.pathsep)):
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND)  # never creates: a released lock is gone
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+
+
+def _starter() -> tuple[int, int] | None:
+    """(pid, start time) of the process `PARENT_ENV` names, if it names one."""
+    pid, _, started = os.environ.get(PARENT_ENV, "").partition(":")
+    return (int(pid), int(started)) if pid.isdigit() and started.isdigit() else None
+
+
+def _bound_to(parent: int) -> None:
+    """This process dies with `parent`, which started it; it records itself, and binds its own children (vLLM's
+    engine process starts the workers) for the rest of its life."""
+    if _set_parent_death_signal() and os.getppid() != parent:
+        os._exit(1)  # the parent ended before the signal was set: it will never come
+    _bind()
+    record_child(os.getpid())
+
+
+def _bind() -> bool:
+    """Name this process as the starter its children check for; False where there is no /proc to check with."""
+    global _hooked
+    me = start_time(os.getpid())
+    if me is None:
+        return False
+    os.environ[PARENT_ENV] = f"{os.getpid()}:{me}"
+    if not _hooked and hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+        _hooked = True
+    return True
+
+
+def _before_fork() -> None:
+    global _forking_from_main
+    _forking_from_main = threading.current_thread() is threading.main_thread()
+
+
+def _after_fork_in_child() -> None:
+    # The signal follows the forking thread: a fork from a short-lived thread would kill the child with it.
+    starter = _starter()
+    if _forking_from_main and starter is not None and starter[0] == os.getppid():
+        _bound_to(os.getppid())
+
+
+@contextlib.contextmanager
+def children_bound() -> Iterator[None]:
+    """While the block runs, the processes this one starts die with it: forked ones at once, spawned ones when
+    they call `adopt()`. Run it in the thread that starts them and lives as long as they should; processes
+    started after the block (by anything else) are not bound."""
+    before = os.environ.get(PARENT_ENV)
+    _bind()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(PARENT_ENV, None)
+        else:
+            os.environ[PARENT_ENV] = before
+
+
+def adopt() -> None:
+    """In a process that may have been spawned by a longctx process inside `children_bound()`: die with
+    that parent (and end now when it has ended already), record this process in its outputs' locks, and bind
+    the processes this one starts. Does nothing elsewhere: in a process nothing bound started (a vLLM server a
+    user started, the longctx process itself), or one that a bound process started through another program
+    (its starter lives on, but is not its parent)."""
+    starter = _starter()
+    if starter is None or starter[0] == os.getpid():
+        return
+    pid, started = starter
+    if os.getppid() == pid:
+        _bound_to(pid)
+    elif start_time(pid) != started:
+        os._exit(1)  # the process that started this one has ended: so does its work

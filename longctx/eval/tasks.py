@@ -1,0 +1,34 @@
+"""`longctx ruler prepare`, and the tokenizer both RULER verbs cut task files with.
+
+The tokenizer is loaded by `longctx.checkpoint.tokenizer.load_tokenizer`, the loader (and the remote-code rule)
+of every verb, and must be a fast one: the task generators fit lengths exactly with its Rust definition.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from longctx.checkpoint.hub import resolve_checkpoint
+from longctx.checkpoint.tokenizer import load_tokenizer
+from longctx.core.errors import InputError
+from longctx.eval.settings import PrepareSettings
+from ruler_tasks.prepare import PrepareResult, check_fast, prepare
+
+
+def load_task_tokenizer(path: str | os.PathLike, trust_remote_code: bool) -> Any:
+    """The fast tokenizer in folder `path` (code it ships runs only with `trust_remote_code`)."""
+    if not Path(path).exists():
+        raise InputError(f"tokenizer path '{path}' does not exist (give a tokenizer or checkpoint folder, or a Hub "
+                         "id)")
+    tokenizer = load_tokenizer(path, trust_remote_code)
+    check_fast(tokenizer, path)
+    return tokenizer
+
+
+def prepare_tasks(s: PrepareSettings) -> PrepareResult:
+    """Write the task files `s` asks for into `s.output` (`ruler_tasks.prepare.prepare`)."""
+    tokenizer = load_task_tokenizer(resolve_checkpoint(s.tokenizer, tokenizer_only=True), s.trust_remote_code)
+    return prepare(tokenizer, s.lengths, s.tasks, s.samples, s.seed, s.template, s.data_dir, s.essay, s.squad,
+                   s.hotpotqa, s.output, system_prompt=s.system_prompt, chat_template_kwargs=s.chat_template_kwargs)

@@ -1,0 +1,171 @@
+"""Invariant 5 of issue 29, nothing longctx started outlives it (`longctx.core.processes`): after a kill -9 of
+`longctx ruler` (vLLM's engine and worker processes) or of `longctx extend --tokenize-workers 2` (the tokenize
+workers), no process of theirs is left; and the next writer of an output kills what a dead holder recorded and
+left running, never a process that only reuses a recorded pid.
+
+Every process a run starts inherits its environment, so the run's processes are found by a marker variable in
+/proc/<pid>/environ, whoever their parent is now."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import require_vllm, user_environment
+
+from longctx.core.locks import OutputLock
+from longctx.core.processes import start_time
+
+MARK = "LONGCTX_TEST_PROCESS_MARK"
+
+
+def marked(mark: str) -> dict[int, str]:
+    """{pid: command line} of the live processes whose environment holds MARK=mark."""
+    needle = f"{MARK}={mark}".encode()
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{entry}/environ").read_bytes()
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if needle in env.split(b"\0") and start_time(int(entry)) is not None:  # a zombie has ended
+            found[int(entry)] = cmd
+    return found
+
+
+def recorded(lock: Path) -> list[int]:
+    """The pids of the children recorded in the lock file `lock` (none when there is no such file)."""
+    try:
+        return [int(line.split()[1]) for line in lock.read_text().splitlines()[1:] if line.startswith("child ")]
+    except FileNotFoundError:
+        return []
+
+
+def wait_until(condition, proc: subprocess.Popen) -> None:
+    """Wait until `condition()` holds while `proc` runs (its output when it ends first)."""
+    while not condition():
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended first (code {proc.returncode}): {proc.stderr.read()[-3000:]}")
+        time.sleep(0.2)
+
+
+def assert_all_gone(mark: str, proc: subprocess.Popen) -> None:
+    """Kill `proc` (kill -9: no cleanup of its own), then see every process it started end: the kernel's
+    parent-death signal kills them at once; the wait only covers the moments a killed process takes to go."""
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    left = marked(mark)
+    for _ in range(300):
+        if not left:
+            break
+        time.sleep(0.1)
+        left = marked(mark)
+    assert not left, f"still running after the kill: {left}"
+
+
+@pytest.fixture(scope="module")
+def ruler_ckpt(tmp_path_factory, reference_tokenizer_dir):
+    from longctx.init.presets import write_tiny_qwen3
+
+    return write_tiny_qwen3(tmp_path_factory.mktemp("proc-ckpt") / "tiny2k", reference_tokenizer_dir,
+                            max_position_embeddings=2048)
+
+
+@pytest.mark.slow
+def test_killing_ruler_leaves_no_vllm_process(ruler_ckpt, tmp_path):
+    require_vllm()
+    mark = uuid.uuid4().hex
+    out = tmp_path / "run"
+    env = {**user_environment(), MARK: mark, "VLLM_CPU_KVCACHE_SPACE": "1", "TQDM_DISABLE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "longctx", "ruler", "run", str(ruler_ckpt), "--backend", "vllm",
+                             "--dtype", "float32", "--enforce-eager", "--lengths", "1k", "--tasks", "vt",
+                             "--samples", "40", "-o", str(out), "--no-plot"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        pred = out / "pred" / "1024" / "vt.jsonl"
+        wait_until(lambda: pred.is_file() and pred.read_text().count("\n") >= 1, proc)
+        # the engine process and its worker recorded themselves in the run directory's lock
+        children = recorded(tmp_path / ".run.longctx-lock")
+        assert len(children) >= 2 and set(children) <= set(marked(mark)), (children, marked(mark))
+        assert_all_gone(mark, proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A JSONL corpus of ~8M tokens: tokenizing it takes two workers several seconds."""
+    rng = np.random.default_rng(0)
+    words = np.array("the river stone of a lamp and garden window silver copper in violet morning".split())
+    path = tmp_path_factory.mktemp("corpus") / "docs.jsonl"
+    with open(path, "w") as f:
+        for _ in range(20_000):
+            f.write(json.dumps({"text": " ".join(rng.choice(words, 400))}) + "\n")
+    return path
+
+
+def test_killing_extend_while_it_tokenizes_leaves_no_worker(tiny_checkpoint, corpus, tmp_path):
+    mark = uuid.uuid4().hex
+    out = tmp_path / "out"
+    env = {**os.environ, MARK: mark}
+    proc = subprocess.Popen([sys.executable, "-m", "longctx", "extend", str(tiny_checkpoint), "--rope-base", "1e5",
+                             "--seq-len", "512", "--data", str(corpus), "--steps", "8", "--tokens-per-step", "1M",
+                             "--tokenize-workers", "2", "--cache-dir", str(tmp_path / "cache"), "-o", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        # both workers have started (each records itself in the output's lock as it starts) and tokenize
+        wait_until(lambda: len(recorded(tmp_path / ".out.longctx-lock")) >= 2, proc)
+        assert set(recorded(tmp_path / ".out.longctx-lock")) <= set(marked(mark))
+        assert_all_gone(mark, proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not any((tmp_path / "cache").glob("tokens-*/meta.json"))  # nothing half-built was published
+
+
+# Takes the lock on argv[1], records argv[2] as its child and argv[3] as a child of another start time (a process
+# that merely has a pid the holder's child once had), says so and waits to be killed.
+HOLDER = """
+import os, sys, time
+from longctx.core.locks import OutputLock
+from longctx.core.processes import record_child, start_time
+lock = OutputLock(sys.argv[1], "output")
+record_child(int(sys.argv[2]))
+with open(lock.path, "a") as f:
+    f.write(f"child {sys.argv[3]} {start_time(int(sys.argv[3])) + 1}\\n")
+print("held", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_the_next_writer_kills_what_a_dead_holder_left_running(tmp_path):
+    out = tmp_path / "out"
+    left, bystander = (subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"]) for _ in range(2))
+    try:
+        holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out), str(left.pid), str(bystander.pid)],
+                                  stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline() == "held\n"
+        assert recorded(tmp_path / ".out.longctx-lock") == [left.pid, bystander.pid]
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        assert left.poll() is None  # a process the holder did not bind: it outlived the holder
+        with OutputLock(out, "output"):
+            assert left.wait(timeout=60) == -signal.SIGKILL
+            assert bystander.poll() is None
+    finally:
+        for p in (left, bystander):
+            p.kill()
+            p.wait()
+    assert not (tmp_path / ".out.longctx-lock").exists()
