@@ -125,3 +125,22 @@ def architecture_checkpoint(tmp_path_factory, reference_tokenizer_dir):
         return built[key]
 
     return get
+
+
+def mark_unread(path) -> int:
+    """Set the access time of `path` before its modification time, so that the next read moves it (relatime);
+    returns it."""
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_mtime_ns - 10**12, st.st_mtime_ns))
+    return os.stat(path).st_atime_ns
+
+
+@pytest.fixture(scope="session")
+def reads_show(tmp_path_factory):
+    """Whether this file system moves the access time on a read (it does under relatime and strictatime): the
+    tests that a file outside a folder is never read check it through its access time."""
+    f = tmp_path_factory.mktemp("atime") / "probe"
+    f.write_bytes(b"x")
+    before = mark_unread(f)
+    f.read_bytes()
+    return os.stat(f).st_atime_ns != before

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from http_helpers import send
 from longctx.cli.main import cli
 from longctx.core.errors import InputError
 from longctx.eval.binding import RUN_FILE
@@ -119,15 +120,6 @@ class Server:
         self.httpd.server_close()
 
 
-def send(handler, status, doc=None, headers=None, raw=None):
-    data = raw if raw is not None else json.dumps(doc).encode()
-    handler.send_response(status)
-    handler.send_header("Content-Type", "application/json")
-    handler.send_header("Content-Length", str(len(data)))
-    for k, v in (headers or {}).items():
-        handler.send_header(k, v)
-    handler.end_headers()
-    handler.wfile.write(data)
 
 
 @pytest.fixture

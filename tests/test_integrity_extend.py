@@ -27,6 +27,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from conftest import mark_unread
 from longctx.cli.main import cli
 from longctx.core.locks import OutputLock
 from longctx.extend import loop
@@ -80,23 +81,6 @@ def tree(root: Path) -> dict[str, tuple]:
             kind = "link" if p.is_symlink() else "dir" if p.is_dir() else "file"
             out[str(p.relative_to(root))] = (kind, p.read_bytes() if kind == "file" else None)
     return out
-
-
-def mark_unread(path: Path) -> int:
-    """Set the access time of `path` before its modification time, so that the next read moves it (relatime)."""
-    st = os.stat(path)
-    os.utime(path, ns=(st.st_mtime_ns - 10**12, st.st_mtime_ns))
-    return os.stat(path).st_atime_ns
-
-
-@pytest.fixture(scope="module")
-def reads_show(tmp_path_factory):
-    """Whether this file system moves the access time on a read (it does under relatime and strictatime)."""
-    f = tmp_path_factory.mktemp("atime") / "probe"
-    f.write_bytes(b"x")
-    before = mark_unread(f)
-    f.read_bytes()
-    return os.stat(f).st_atime_ns != before
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from conftest import mark_unread
 from longctx.cli.main import cli
 
 RULER = ["--lengths", "1k", "--tasks", "niah_single_1", "--samples", "1"]
@@ -54,23 +55,6 @@ def tree(root):
             st = os.lstat(p)
             out[os.path.relpath(p, root)] = (st.st_size, st.st_mtime_ns)
     return out
-
-
-def mark_unread(path):
-    """Set the access time of `path` before its modification time, so that the next read moves it."""
-    st = os.stat(path)
-    os.utime(path, ns=(st.st_mtime_ns - 10**12, st.st_mtime_ns))
-    return os.stat(path).st_atime_ns
-
-
-@pytest.fixture(scope="module")
-def reads_show(tmp_path_factory):
-    """Whether this file system moves the access time on a read (it does under relatime and strictatime)."""
-    f = tmp_path_factory.mktemp("atime") / "probe"
-    f.write_bytes(b"x")
-    before = mark_unread(f)
-    f.read_bytes()
-    return os.stat(f).st_atime_ns != before
 
 
 def assert_unchanged(root, before, outside, atimes, reads_show):

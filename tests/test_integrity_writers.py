@@ -28,7 +28,6 @@ from test_report import _run, _scores_doc
 
 from longctx.cli.main import cli
 from longctx.core.files import OWNER_FILE
-from longctx.core.locks import OutputLock
 
 PER_TASK = {"vt": {4096: 90.0, 8192: 60.0}}
 # Holds `OutputLock(argv[1])` until killed; says so on stdout once it holds it.

@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from http_helpers import send
 from longctx.core.errors import InputError
 from longctx.eval.request import Request
 from longctx.eval.openai_backend import MAX_RETRY_AFTER_S, OpenAIBackend, retry_after
@@ -41,15 +42,7 @@ class FakeServer:
             def log_message(self, *args):
                 pass
 
-            def _send(self, status, doc=None, headers=None, raw=None):
-                data = raw if raw is not None else json.dumps(doc).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(data)
+            _send = send
 
             def _handle(self):
                 n = int(self.headers.get("Content-Length") or 0)

@@ -211,6 +211,7 @@ def staged_run(out: Path) -> Iterator[StagedRun]:
     try:
         yield stage
     except BaseException:
+        stage.discard()  # first: the lock's release removes the folders it made only when they are empty
         stage.release()
         raise
     finally:

@@ -31,6 +31,7 @@ from longctx.core.errors import InputError
 from longctx.core.files import (CHECKPOINT_KIND, check_output, make_output, output_kind, remove_output,
                                 write_atomic, write_json)
 from longctx.core.locks import OutputLock
+from longctx.core.processes import is_main_process
 from longctx.core.parse import loads
 from longctx.extend.output import LOG_FILE, output_config, write_output
 from longctx.extend.plan import Plan, check_parallelism, resolve_plan
@@ -61,10 +62,6 @@ class _Checked:
     attn_reason: str
     source_fp: str
     resume: Resume
-
-
-def _is_main_process() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0  # torchrun and accelerate launch set RANK
 
 
 def _agree(error: InputError | None) -> None:
@@ -108,7 +105,7 @@ def _take_output(s: ExtendSettings, ckpt: Path, held: contextlib.ExitStack) -> N
     """Lock the output (main process), then check it and the work folder beside it."""
     out = Path(s.output)
     work = work_dir(out)
-    if _is_main_process():
+    if is_main_process():
         try:
             held.enter_context(OutputLock(out, "output"))
         except OSError as e:

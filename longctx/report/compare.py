@@ -38,7 +38,7 @@ from longctx.core.kinds import did_you_mean
 from longctx.core.units import length_label
 from longctx.report import stats
 from longctx.report.external import load_run
-from longctx.report.results import RESULTS_FILE, Results, mean, per_length_means
+from longctx.report.results import Results, mean, per_length_means
 from longctx.report.samples import sample_answers
 from longctx.report.settings import CompareSettings
 from longctx.report.tables import fmt, fmt_pm, markdown_row
