@@ -1,7 +1,8 @@
 """Every architecture through every verb: tiny random Qwen3, Qwen2, Llama 3.1 (llama3 scaling), Mistral
 (sliding window), Gemma, Gemma-2 (alternating sliding layers, soft-capping) and Phi-3 checkpoints
 (tests/architectures.py) through `info`, `yarn`, `extend` and `ruler` (`sinks`: tests/test_sinks.py; the
-gated family: tests/test_gated_*.py). The README's architecture table is what these tests show.
+gated family: tests/test_gated_*.py): the README's `ruler` and `sinks` coverage under its architecture table
+(the table itself is the RoPE matrix, tests/test_rope_matrix.py).
 """
 
 from __future__ import annotations

@@ -228,7 +228,7 @@ def _bad_sources(root, tiny_checkpoint):
                                      "expected the official gated-attention layout"),
     (["{root}/both", "{root}/new"], "asks for both headwise_attn_output_gate and elementwise_attn_output_gate"),
     (["{root}/narrow", "{root}/new"], "rows, the headwise layout needs"),
-    (["{root}/noweights", "{root}/new"], "no pytorch_model*.bin or *.safetensors weight files"),
+    (["{root}/noweights", "{root}/new"], "has no weight files (*.safetensors, *.bin): copy the model's weights"),
     (["{root}/pickle", "{root}/new"], "holds code, not only tensors"),
     (["{root}/missing", "{root}/new"], "does not exist"),
     (["{root}/official", "{root}/taken"], "already exists; pass --overwrite"),

@@ -146,8 +146,9 @@ def test_missing_base_uses_model_default_or_fails():
     assert r.theta == 10000 and r.theta_is_default  # Qwen3Config.default_theta, as transformers would use
     with pytest.raises(InputError, match="no RoPE base"):
         read_rope({**cfg, "model_type": "not-a-model"})
-    with pytest.raises(InputError, match="per-layer-type"):
-        read_rope({**cfg, "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e4}}})
+    # per-layer-type parameters (issue 30: read, no longer refused): those of the layers that see the whole sequence
+    nested = read_rope({**cfg, "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e4}}})
+    assert (nested.rope_type, nested.theta, nested.theta_is_default) == ("default", 10000, False)
 
 
 # --- writing: what transformers reads back ------------------------------------------------------------

@@ -11,6 +11,7 @@ import json
 import pytest
 import torch
 from conftest import TINY_TRAINED_LENGTH, require_vllm
+from logprob_helpers import hf_prompt_logprobs, vllm_prompt_logprobs
 
 from longctx.checkpoint.rope import read_rope
 from longctx.checkpoint.yarn_reference import rope_cos_sin, yarn_attention_scaling, yarn_inv_freq
@@ -45,24 +46,6 @@ def _prompt(seed):
     return torch.randint(3, 32000, (int(TINY_TRAINED_LENGTH * 2.5),), generator=generator).tolist()
 
 
-def _hf_prompt_logprobs(checkpoint, ids):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    with torch.no_grad():
-        logp = model(torch.tensor([ids])).logits[0].log_softmax(-1)
-    return torch.tensor([logp[i - 1, ids[i]].item() for i in range(1, len(ids))])
-
-
-def _vllm_prompt_logprobs(llm, ids):
-    from vllm import SamplingParams
-
-    out = llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0),
-                       use_tqdm=False)
-    lp = out[0].prompt_logprobs
-    return torch.tensor([lp[i][ids[i]].logprob for i in range(1, len(ids))])
-
-
 @pytest.mark.slow
 def test_yarn_checkpoint_logprobs_agree_in_transformers_and_vllm(tiny_checkpoint, tmp_path, vllm_engines):
     """A tiny Qwen3 scaled x4 by `yarn`: prompt log-probs over a prompt longer than the trained length
@@ -73,11 +56,11 @@ def test_yarn_checkpoint_logprobs_agree_in_transformers_and_vllm(tiny_checkpoint
     assert rope.context_length == 4 * TINY_TRAINED_LENGTH
     ids = _prompt(seed=0)
     llm = vllm_engines.get(out, max_model_len=rope.context_length)
-    vllm_lp = _vllm_prompt_logprobs(llm, ids)
-    hf_lp = _hf_prompt_logprobs(out, ids)
+    vllm_lp = vllm_prompt_logprobs(llm, ids)
+    hf_lp = hf_prompt_logprobs(out, ids)
     assert (vllm_lp - hf_lp).abs().max().item() <= 1e-4
     # the scaled model differs from the unscaled one past the trained length (scaling not a silent no-op)
-    unscaled = _hf_prompt_logprobs(tiny_checkpoint, ids)
+    unscaled = hf_prompt_logprobs(tiny_checkpoint, ids)
     assert (unscaled - hf_lp)[TINY_TRAINED_LENGTH:].abs().max().item() > 1e-3
 
 
@@ -91,7 +74,7 @@ def test_printed_hf_overrides_give_the_scaled_model_in_vllm(tiny_checkpoint, tmp
     ids = _prompt(seed=1)
     llm = vllm_engines.get(tiny_checkpoint, max_model_len=settings["max_model_len"],
                            hf_overrides=settings["hf_overrides"])
-    assert (_vllm_prompt_logprobs(llm, ids) - _hf_prompt_logprobs(out, ids)).abs().max().item() <= 1e-4
+    assert (vllm_prompt_logprobs(llm, ids) - hf_prompt_logprobs(out, ids)).abs().max().item() <= 1e-4
 
 
 # --- a scaling replaced (llama3 -> YaRN) and YaRN in LongRoPE form (Phi-3) ------------------------------
@@ -185,8 +168,8 @@ def test_replaced_scalings_logprobs_agree_in_transformers_and_vllm(name, replace
     length = int(TINY_TRAINED_LENGTH * factor)
     ids = _prompt(seed=2)
     llm = vllm_engines.get(out, max_model_len=length)
-    vllm_lp = _vllm_prompt_logprobs(llm, ids)
-    hf_lp = _hf_prompt_logprobs(out, ids)
+    vllm_lp = vllm_prompt_logprobs(llm, ids)
+    hf_lp = hf_prompt_logprobs(out, ids)
     assert (vllm_lp - hf_lp).abs().max().item() <= 1e-4
-    before = _hf_prompt_logprobs(src, ids)
+    before = hf_prompt_logprobs(src, ids)
     assert (before - hf_lp)[TINY_TRAINED_LENGTH:].abs().max().item() > 1e-3

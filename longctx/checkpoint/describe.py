@@ -12,6 +12,8 @@ from longctx.checkpoint.directory import (checkpoint_dir, count_parameters, fing
 from longctx.checkpoint.hub import hub_origin
 from longctx.checkpoint.load import model_config, sliding_window, trust_remote_code_setting
 from longctx.checkpoint.rope import read_rope
+from longctx.checkpoint.rotary import built_rope
+from longctx.core.errors import InputError
 from longctx.core.kinds import Bool, Text
 from longctx.core.settings import REQUIRED, Settings, setting
 from longctx.models.variants import attention_label, attention_variant
@@ -108,7 +110,7 @@ class Description:
     rope_theta: int | float
     rope_theta_from_default: bool
     yarn_factor: float | None
-    rope_factor: float | None  # the scaling factor of any RoPE type that has one (yarn, llama3, linear, ...)
+    rope_factor: float | None  # the scaling factor of any RoPE type that has one (LongRoPE without one: max / original)
     original_max_position_embeddings: int | None
     max_position_embeddings: int | None
     context_length: int | None
@@ -117,20 +119,65 @@ class Description:
     hub: dict | None  # repo_id, commit, subfolder of a checkpoint given by Hub id
     sliding_window: dict | None  # window, layers, of: layers that see only the last `window` tokens
     remote_code: dict | None  # the auto_map of a checkpoint built by its own code (--trust-remote-code)
+    # per layer type, what the rotary module of the model transformers builds computes (`BuiltRope.summary`);
+    # None when transformers builds no model from the config
+    rope_layers: dict[str, dict] | None
 
 
 def describe(path: str | os.PathLike, trust_remote_code: bool = False) -> Description:
-    """Architecture, attention variant, RoPE, lengths, sliding windows, size (from the weight headers) and
+    """Architecture, attention variant, RoPE (as longctx reads the config, and per layer type as the model
+    transformers builds computes it), lengths, sliding windows, size (from the weight headers) and
     fingerprint."""
     p = checkpoint_dir(path)
     cfg = read_config(p)
     rope = read_rope(cfg)
+    config = model_config(p, trust_remote_code=trust_remote_code)
     return Description(
         checkpoint=str(p), architecture=(cfg.get("architectures") or [None])[0], model_type=cfg.get("model_type"),
         attention=attention_label(attention_variant(cfg)), rope_type=rope.rope_type, rope_theta=rope.theta,
         rope_theta_from_default=rope.theta_is_default, yarn_factor=rope.factor if rope.rope_type == "yarn" else None,
-        rope_factor=rope.factor, original_max_position_embeddings=rope.original_max_position_embeddings,
+        rope_factor=rope.scaling_factor, original_max_position_embeddings=rope.original_max_position_embeddings,
         max_position_embeddings=rope.max_position_embeddings, context_length=rope.context_length,
         parameters=count_parameters(Path(p)), fingerprint=fingerprint(p), hub=hub_origin(p),
-        sliding_window=sliding_window(model_config(p, trust_remote_code=trust_remote_code)),
-        remote_code=ran_remote_code(cfg, trust_remote_code))
+        sliding_window=sliding_window(config), remote_code=ran_remote_code(cfg, trust_remote_code),
+        rope_layers=_built_summary(config, trust_remote_code))
+
+
+def _built_summary(config, trust_remote_code: bool) -> dict[str, dict] | None:
+    """`Description.rope_layers` of the transformers `config`."""
+    try:
+        return {lt: b.summary() for lt, b in built_rope(config, trust_remote_code).items()}
+    except InputError:  # the config builds, its model does not: `info` still describes the checkpoint
+        return None
+
+
+def rope_layer_text(layer_type: str, rope: dict, of: int) -> str:
+    """A layer type's entry of `Description.rope_layers` in words, e.g. 'full_attention (1 of 6 layers): yarn,
+    base 1e+06, factor 4 from original length 32768, attention scaling 1.139, softmax scale 0.125'."""
+    head = f"{layer_type} ({rope['layers']} of {of} layers)"
+    if rope["rope_type"] is None or rope["rope_layers"] == 0:
+        return f"{head}: no RoPE (the model applies none in these layers)"
+    base = rope["base"]
+    text = f"{head}: {rope['rope_type']}, base {int(base) if float(base).is_integer() else f'{base:g}'}"
+    if rope["factor"] is not None:
+        original = rope["original_max_position_embeddings"]
+        text += f", factor {rope['factor']:g}" + (f" from original length {original}" if original else "")
+    if rope["rotary_dim"] is not None:
+        text += f", {rope['rotary_dim']} rotated dimensions"
+    if rope["attention_scaling"] is not None and rope["attention_scaling"] != 1:
+        text += f", attention scaling {rope['attention_scaling']:.6g}"
+    if rope["softmax_scale"] is not None:
+        text += f", softmax scale {rope['softmax_scale']:.6g}"
+    if rope["rope_layers"] < rope["layers"]:
+        text += f"; {rope['layers'] - rope['rope_layers']} of these layers use no RoPE"
+    return text
+
+
+def built_rope_text(layers: dict[str, dict] | None, indent: int = 25) -> str:
+    """`Description.rope_layers` in words, one line per layer type (`rope_layer_text`), the lines after the
+    first indented by `indent`."""
+    if layers is None:
+        return "not known: transformers builds no model from this config"
+    of = sum(r["layers"] for r in layers.values())
+    lines = [rope_layer_text(lt, r, of) for lt, r in layers.items()] or ["transformers builds no RoPE for this model"]
+    return ("\n" + " " * indent).join(lines)

@@ -20,7 +20,8 @@ from longctx.core.clock import utc_timestamp
 from longctx.core.errors import InputError
 from longctx.core.files import link_or_copy, write_json
 from longctx.core.hashing import cached_sha256_file
-from longctx.checkpoint.hub import TOKENIZER_PREFIXES, hub_origin, resolve_checkpoint
+from longctx.checkpoint.hub import (TOKENIZER_PREFIXES, download_command, hub_origin, offline_variable,
+                                    parse_hub_id, resolve_checkpoint)
 from longctx.checkpoint.paths import check_code_inside
 from longctx.checkpoint.weights import (WEIGHT_SUFFIXES, check_weight_files, safetensors_header, weight_files,
                                         weight_indexes)
@@ -29,9 +30,10 @@ from longctx.core.parse import LimitError, loads
 PROVENANCE_FILE = "longctx.json"
 
 
-def checkpoint_dir(path: str | os.PathLike) -> Path:
+def checkpoint_dir(path: str | os.PathLike, *, weights: bool = False) -> Path:
     """The checkpoint directory `path` (a local folder, or a Hub id resolved to its cached snapshot folder:
-    `longctx.checkpoint.hub`), or InputError saying why it is not one."""
+    `longctx.checkpoint.hub`), or InputError saying why it is not one; with `weights` (a verb that loads the
+    model), also when it has no weight files (`require_weights`)."""
     p = resolve_checkpoint(path)
     if not p.exists():
         raise InputError(f"checkpoint '{path}' does not exist (give a transformers checkpoint directory or a "
@@ -39,7 +41,7 @@ def checkpoint_dir(path: str | os.PathLike) -> Path:
     if not p.is_dir():
         raise InputError(f"checkpoint '{path}' is not a directory (give the folder that holds config.json)")
     if not (p / "config.json").is_file():
-        raise InputError(f"'{path}' has no config.json: not a transformers checkpoint directory")
+        raise InputError(_no_config(path, p))
     # Every verb starts here, so a wrongly typed config value or a truncated or unsafe weight file is refused
     # with one line before anything loads a model, starts an engine or writes (headers only; see weights.py).
     from longctx.checkpoint.rope import check_config_types
@@ -49,7 +51,76 @@ def checkpoint_dir(path: str | os.PathLike) -> Path:
     check_token_ids(cfg, str(p / "config.json"))
     check_code_inside(p / "config.json", cfg)
     check_weight_files(p)
+    if weights:
+        require_weights(p, path)
     return p
+
+
+# How far below a folder without config.json to look for the checkpoints it holds (a Hub repo of several models
+# keeps each in a subfolder, e.g. QwQZh/gated_attention's 1B_baseline/), and how many folders at most.
+_NESTED_DEPTH = 3
+_NESTED_FOLDERS = 2000
+
+
+def nested_checkpoints(folder: Path) -> list[str]:
+    """The folders below `folder` (at most `_NESTED_DEPTH` levels down, hidden ones skipped, none looked into once
+    it holds a config.json) that hold a config.json, as '/'-separated paths relative to `folder`, sorted."""
+    found: list[str] = []
+    level, looked = [folder], 0
+    for _ in range(_NESTED_DEPTH):
+        below = []
+        for parent in level:
+            try:
+                children = sorted(c for c in parent.iterdir() if c.is_dir() and not c.name.startswith("."))
+            except OSError:
+                continue
+            for child in children:
+                looked += 1
+                if looked > _NESTED_FOLDERS:
+                    return sorted(found)
+                if (child / "config.json").is_file():
+                    found.append(child.relative_to(folder).as_posix())
+                else:
+                    below.append(child)
+        level = below
+    return sorted(found)
+
+
+def _no_config(path: str | os.PathLike, p: Path) -> str:
+    """Why the folder `p` (the checkpoint the user named `path`) is not a checkpoint: it has no config.json, and
+    which of its subfolders are checkpoints, named as the user would name them (a Hub id's subfolder, or a path)."""
+    nested = nested_checkpoints(p)
+    if not nested:
+        return f"'{path}' has no config.json: not a transformers checkpoint directory"
+    hub = parse_hub_id(os.fspath(path))
+    if hub is not None:
+        repo, subfolder, revision = hub
+        prefix, suffix = f"{repo}/{subfolder + '/' if subfolder else ''}", f"@{revision}" if revision else ""
+        how = f"name one as {prefix}<subfolder>{suffix}, e.g. {prefix}{nested[0]}{suffix}"
+    else:
+        how = f"name one by its folder, e.g. {Path(path) / nested[0]}"
+    listed = ", ".join(nested[:8]) + (f" and {len(nested) - 8} more" if len(nested) > 8 else "")
+    return (f"'{path}' has no config.json, but its subfolder{'s' if len(nested) > 1 else ''} {listed} "
+            f"{'each hold' if len(nested) > 1 else 'holds'} a checkpoint: {how}")
+
+
+def require_weights(p: Path, name: str | os.PathLike | None = None) -> None:
+    """InputError unless the checkpoint directory `p` (named `name` by the user) has weight files (`weight_files`):
+    a verb that loads the model says so before it works, with the `hf download` command that fetches them when
+    `p` is a Hub snapshot (only its tokenizer and config fetched: `resolve_checkpoint(tokenizer_only=True)`, or
+    an `hf download --include`)."""
+    if weight_files(p):
+        return
+    what = f"checkpoint '{name if name is not None else p}' has no weight files (*.safetensors, *.bin)"
+    origin = hub_origin(p)
+    if origin is None:
+        raise InputError(f"{what}: copy the model's weights into it, or give the checkpoint that has them")
+    hub = parse_hub_id(os.fspath(name)) if name is not None else None
+    if hub is not None and offline_variable() is None:  # fetched from the Hub just now: it has none longctx reads
+        raise InputError(f"{what}: it holds none on the Hub in a format longctx loads")
+    repo, subfolder, revision = hub or (origin["repo_id"], origin["subfolder"] or "", origin["commit"])
+    raise InputError(f"{what}: only some of its files are in the Hugging Face cache ({p}); fetch the weights: "
+                     f"{download_command(repo, subfolder, revision)}")
 
 
 def _parse_config(cfg_path: Path) -> dict[str, Any]:

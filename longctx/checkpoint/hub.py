@@ -63,16 +63,35 @@ def parse_hub_id(spec: str) -> tuple[str, str, str | None] | None:
 @functools.lru_cache(maxsize=64)
 def _snapshot(repo: str, subfolder: str, revision: str | None, offline: bool, cache: str,
               tokenizer_only: bool = False) -> Path:
-    from huggingface_hub import snapshot_download
+    spec = f"{repo}{'/' + subfolder if subfolder else ''}{'@' + revision if revision else ''}"
+    get = download_command(repo, subfolder, revision, tokenizer_only)
+    if not tokenizer_only:
+        # The config.json files first (a few kB each): a repo whose checkpoints sit in subfolders has none where
+        # it is named, and `checkpoint_dir` names those subfolders before gigabytes of weights download.
+        prefix = f"{subfolder}/" if subfolder else ""
+        folder = _download(repo, revision, offline, cache, [f"{prefix}config.json", f"{prefix}*/config.json"],
+                           spec, get) / subfolder
+        if not (folder / "config.json").is_file() and folder.is_dir():
+            return folder
+    folder = _download(repo, revision, offline, cache, _wanted(subfolder, tokenizer_only) or None, spec, get
+                       ) / subfolder
+    if not folder.is_dir():
+        raise InputError(f"'{spec}': {repo} has no folder '{subfolder}'")
+    return folder
+
+
+def _download(repo: str, revision: str | None, offline: bool, cache: str, patterns: list[str] | None, spec: str,
+              get: str) -> Path:
+    """The snapshot folder of `repo` at `revision` in the Hub cache `cache`, holding (at least) the files
+    `patterns` match (None: all but `_NOT_NEEDED`), fetched unless `offline`; InputError naming `spec` and, where
+    it helps, the `hf download` command `get`."""
+    from huggingface_hub import errors, snapshot_download
     from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
                                         RevisionNotFoundError)
 
-    spec = f"{repo}{'/' + subfolder if subfolder else ''}{'@' + revision if revision else ''}"
-    get = download_command(repo, subfolder, revision, tokenizer_only)
     try:
-        path = snapshot_download(repo, revision=revision, cache_dir=cache, local_files_only=offline,
-                                 allow_patterns=_wanted(subfolder, tokenizer_only) or None,
-                                 ignore_patterns=_NOT_NEEDED)
+        return Path(snapshot_download(repo, revision=revision, cache_dir=cache, local_files_only=offline,
+                                      allow_patterns=patterns, ignore_patterns=_NOT_NEEDED))
     except GatedRepoError:
         raise InputError(f"'{spec}' is a gated repo: accept its terms on huggingface.co and set HF_TOKEN "
                          "(or run: hf auth login)") from None
@@ -80,17 +99,18 @@ def _snapshot(repo: str, subfolder: str, revision: str | None, offline: bool, ca
         raise InputError(f"'{spec}': {repo} has no revision '{revision}'") from None
     except RepositoryNotFoundError:
         raise InputError(f"'{spec}' is neither a local folder nor a Hub model repo (private? set HF_TOKEN)") from None
-    except LocalEntryNotFoundError:
+    except LocalEntryNotFoundError as e:
         why = f"{offline_variable()}=1" if offline else "the Hub could not be reached"
-        raise InputError(f"'{spec}' is not in the local Hugging Face cache and {why}; run once online, or: "
-                         f"{get}") from None
+        # huggingface_hub 2.4 keeps a repo's file list beside its snapshots (trees/<commit>.json) and, offline,
+        # refuses a snapshot that lacks some of the files asked for, e.g. one only a tokenizer was fetched into
+        # (huggingface_hub/_snapshot_download.py `_raise_if_incomplete_snapshot`); earlier versions return it
+        partly = isinstance(e, getattr(errors, "IncompleteSnapshotError", ()))
+        where = ("only partly in the local Hugging Face cache (files of the repo are missing)" if partly
+                 else "not in the local Hugging Face cache")
+        raise InputError(f"'{spec}' is {where} and {why}; run once online, or: {get}") from None
     except OSError as e:
         raise InputError(f"'{spec}': could not fetch it from the Hub ({type(e).__name__}: {e}); retry, or: {get}"
                          ) from None
-    folder = Path(path) / subfolder
-    if not folder.is_dir():
-        raise InputError(f"'{spec}': {repo} has no folder '{subfolder}'")
-    return folder
 
 
 def _wanted(subfolder: str, tokenizer_only: bool) -> list[str]:

@@ -70,6 +70,13 @@ def model_config(path: str | os.PathLike, config: dict[str, Any] | None = None, 
     import longctx.models.gated_qwen3  # noqa: F401  (registers the gated family with the Auto classes)
 
     source = Path(path) / "config.json"
+    if config is not None:
+        from transformers import PreTrainedConfig
+
+        # transformers writes an infinite or NaN float as {"__float__": "Infinity"} and decodes it when it reads a
+        # file (configuration_utils.py `_decode_special_floats`, e.g. Mamba hybrids' time_step_limit); a dict
+        # read from such a file is decoded the same way
+        config = PreTrainedConfig._decode_special_floats(config)
     raw = json_object(source) if config is None else config  # {}: transformers says what is wrong with the file
     if isinstance(raw, dict):
         classes = remote_code(raw.get("auto_map"), known_model_type(raw.get("model_type")))

@@ -10,20 +10,25 @@ YaRN in LongRoPE form: transformers' Phi3Config (and Phi4MultimodalConfig) turn 
 "longrope" when they load a config (configuration_phi3.py, "For backward compatibility"), so for those
 architectures `longctx yarn` writes YaRN's exact frequencies as LongRoPE factors, and `read_rope`
 recognises such a config as YaRN again (see `yarn_longrope_form`).
+
+Per-layer-type RoPE (Gemma-3's global and local layers) is `longctx.checkpoint.rope_layers`; `read_rope` of such
+a config is the RoPE of the layers that see the whole sequence. What transformers builds from a written config
+is checked on its rotary module (`check_written_rope`, `longctx.checkpoint.rotary`).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import math
 import os
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from longctx.checkpoint.config_keys import check_config_types, is_int, is_number, shown
 from longctx.core.errors import InputError
 from longctx.core.units import parse_number
 
@@ -88,81 +93,11 @@ class RopeSettings:
         return self.max_position_embeddings
 
 
-# --- types of the config keys longctx reads ------------------------------------------------------
-# transformers 5 checks config fields with strict dataclasses (huggingface_hub `strict`), but only when a
-# model is built, and vLLM and longctx's own arithmetic read the raw JSON before that: a string where a
-# number belongs would surface as a TypeError deep inside. JSON null means "not set" for every key here,
-# as in transformers' config classes.
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)  # JSON true is a bool, never a count
-
-
-def _is_number(v: Any) -> bool:
-    # Python's json module reads NaN and Infinity, which no length or base can be.
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-_STRING = ("a string", lambda v: isinstance(v, str))
-_BOOL = ("true or false", lambda v: isinstance(v, bool))
-_NUMBER = ("a number", _is_number)
-_POSITIVE = ("a number > 0", lambda v: _is_number(v) and v > 0)
-_COUNT = ("a whole number > 0", lambda v: _is_int(v) and v > 0)
-_WHOLE = ("a whole number >= 0", lambda v: _is_int(v) and v >= 0)
-_NUMBERS = ("a list of numbers", lambda v: isinstance(v, list) and all(_is_number(x) for x in v))
-_OBJECT = ("an object or null", lambda v: isinstance(v, dict))
-
-# Keys of a RoPE dict (`rope_parameters`, `rope_scaling`): transformers' `RopeParameters` and its
-# per-type validators in modeling_rope_utils.py.
-ROPE_KEY_TYPES = {
-    "rope_type": _STRING, "type": _STRING, "rope_theta": _POSITIVE, "factor": _POSITIVE,
-    "original_max_position_embeddings": _COUNT, "partial_rotary_factor": _POSITIVE,
-    "beta_fast": _NUMBER, "beta_slow": _NUMBER, "attention_factor": _NUMBER, "mscale": _NUMBER,
-    "mscale_all_dim": _NUMBER, "low_freq_factor": _NUMBER, "high_freq_factor": _NUMBER, "truncate": _BOOL,
-    "short_factor": _NUMBERS, "long_factor": _NUMBERS,
-}
-# Top-level keys: those longctx reads itself (RoPE, lengths, the gate flags of
-# `longctx.models.variants`, the dtype) and the shape every loader builds the model from.
-CONFIG_KEY_TYPES = {
-    "model_type": _STRING, "dtype": _STRING, "torch_dtype": _STRING,
-    "architectures": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
-    "rope_parameters": _OBJECT, "rope_scaling": _OBJECT, "rope_theta": _POSITIVE,
-    "partial_rotary_factor": _POSITIVE, "max_position_embeddings": _COUNT, "original_max_position_embeddings": _COUNT,
-    "vocab_size": _COUNT, "hidden_size": _COUNT, "intermediate_size": _COUNT, "num_hidden_layers": _COUNT,
-    "num_attention_heads": _COUNT, "num_key_value_heads": _COUNT, "head_dim": _COUNT, "sliding_window": _COUNT,
-    "max_window_layers": _WHOLE, "tie_word_embeddings": _BOOL, "use_sliding_window": _BOOL,
-    "headwise_attn_output_gate": _BOOL, "elementwise_attn_output_gate": _BOOL,
-}
-
-
-def _shown(value: Any) -> str:
-    """A config value as the message shows it: a string quoted, anything else as JSON writes it (true, null)."""
-    text = repr(value) if isinstance(value, str) else json.dumps(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def check_config_types(cfg: dict[str, Any], source: str = "config.json") -> None:
-    """InputError naming `source`, the key and the type it needs when a config key longctx or a model loader
-    reads has a value of the wrong type, e.g. `'ckpt/config.json': rope_scaling.factor must be a number > 0,
-    got 'abc'`."""
-
-    def check(key: str, value: Any, spec: tuple[str, Any]) -> None:
-        expected, ok = spec
-        if value is not None and not ok(value):
-            raise InputError(f"'{source}': {key} must be {expected}, got {_shown(value)}")
-
-    for key, spec in CONFIG_KEY_TYPES.items():
-        check(key, cfg.get(key), spec)
-    for group in ("rope_parameters", "rope_scaling"):
-        rope = cfg.get(group)
-        for key, value in (rope or {}).items():
-            if isinstance(value, dict):  # per-layer-type parameters (read_rope says longctx does not support them)
-                for inner, v in value.items():
-                    if inner in ROPE_KEY_TYPES:
-                        check(f"{group}.{key}.{inner}", v, ROPE_KEY_TYPES[inner])
-            elif key in ROPE_KEY_TYPES:
-                check(f"{group}.{key}", value, ROPE_KEY_TYPES[key])
+# Top-level keys whose base the config class reads in the transformers-4 form (of the layers that see the whole
+# sequence), for the families that do not name it rope_theta (configuration_gpt_neox.py,
+# configuration_gpt_neox_japanese.py: `rotary_emb_base`; configuration_modernbert_decoder.py: `global_rope_theta`).
+BASE_KEYS = {"gpt_neox": "rotary_emb_base", "gpt_neox_japanese": "rotary_emb_base",
+             "modernbert_decoder": "global_rope_theta"}
 
 
 def _class_default(model_type: str | None, name: str) -> Any:
@@ -187,13 +122,13 @@ def _class_original(model_type: str | None) -> int | None:
     """The default top-level original_max_position_embeddings of this model type's transformers config class
     (Phi3Config: 4096), which `standardize_rope_params` puts over the RoPE dict's; None when it has none."""
     value = _class_default(model_type, "original_max_position_embeddings")
-    return value if _is_int(value) else None
+    return value if is_int(value) else None
 
 
 def _rotary_dim(cfg: dict[str, Any], rope: dict[str, Any]) -> int | None:
     """Rotated dimensions per head as transformers' RoPE initialisers and vLLM's `get_rope` count them."""
     heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
-    head_dim = cfg.get("head_dim") or (hidden // heads if _is_int(heads) and _is_int(hidden) else None)
+    head_dim = cfg.get("head_dim") or (hidden // heads if is_int(heads) and is_int(hidden) else None)
     if head_dim is None:
         return None
     partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor")) or 1.0
@@ -217,7 +152,7 @@ def _as_yarn(cfg: dict[str, Any], rope: RopeSettings) -> RopeSettings | None:
     )
 
     scale = yarn_attention_scaling(s)
-    if not all(_is_number(x.get(k)) and math.isclose(x[k], scale, rel_tol=1e-6)
+    if not all(is_number(x.get(k)) and math.isclose(x[k], scale, rel_tol=1e-6)
                for k in ("attention_factor", "short_mscale", "long_mscale")):
         return None
     dim = _rotary_dim(cfg, x)
@@ -253,33 +188,75 @@ def yarn_longrope_form(cfg: dict[str, Any], rope: RopeSettings) -> RopeSettings:
     return replace(rope, rope_type="yarn", stored_type="longrope", extra=extra)
 
 
+# Layer types whose layers attend to a window of the sequence only: RoPE changes for long context (YaRN, a new
+# base) apply to the other layer types (transformers' `layer_types` labels).
+SHORT_LAYER_TYPES = ("sliding_attention", "chunked_attention")
+
+
+def nested_rope_keys(cfg: dict[str, Any]) -> list[str]:
+    """The layer types of a config.json dict's per-layer-type `rope_parameters` ({"full_attention": {...},
+    "sliding_attention": {...}}, as transformers 5 writes Gemma-3's), [] for a flat one."""
+    params = cfg.get("rope_parameters")
+    if not isinstance(params, dict):
+        return []
+    return [k for k, v in params.items() if isinstance(v, dict) or (v is None and k.endswith("attention"))]
+
+
+def long_layer_type(types: list[str], model_type: Any = None) -> str:
+    """Of per-layer RoPE `types`, the one whose layers see the whole sequence: full_attention; for a config
+    class that labels its RoPE dicts otherwise, its first label (DeepseekV4Config `_rope_type_labels`: "main", the
+    attention's); else the first that does not attend to a window only."""
+    if "full_attention" in types:
+        return "full_attention"
+    labels = _class_default(model_type, "_rope_type_labels") or ()
+    return next((t for t in (*labels, *types) if t in types and t not in SHORT_LAYER_TYPES), types[0])
+
+
+def base_key(model_type: Any) -> str:
+    """The top-level key this model type's config class reads the RoPE base from (transformers-4 form)."""
+    return BASE_KEYS.get(model_type, "rope_theta")
+
+
 def read_rope(cfg: dict[str, Any], source: str = "config.json") -> RopeSettings:
-    """RoPE settings from a raw config.json dict, resolved the way transformers 5 resolves them; InputError
-    naming `source` (the file the dict came from) when a value has the wrong type."""
+    """RoPE settings from a raw config.json dict, resolved the way transformers 5 resolves them; for a config
+    with per-layer-type RoPE those of the layers that see the whole sequence (`long_layer_type`;
+    `longctx.checkpoint.rope_layers` has every type). InputError naming `source` (the file the dict came from)
+    when a value has the wrong type."""
     check_config_types(cfg, source)
     params = cfg.get("rope_parameters")
     legacy = cfg.get("rope_scaling")
-    if isinstance(params, dict) and any(isinstance(v, dict) for v in params.values()):
-        raise InputError(
-            "this config has per-layer-type rope_parameters "
-            f"({', '.join(k for k, v in params.items() if isinstance(v, dict))}); longctx supports one RoPE for "
-            "all layers"
-        )
+    nested = nested_rope_keys(cfg)
+    if nested:
+        chosen = [k for k in nested if params[k] is not None] or nested
+        # config classes update the global layers' dict with a legacy rope_scaling (Gemma3TextConfig)
+        long = long_layer_type(chosen, cfg.get("model_type"))
+        rope = {**(params[long] or {}), **(legacy if isinstance(legacy, dict) else {})}
+        return parse_rope(cfg, rope, "v5", source, nested=True)
     if isinstance(legacy, dict) and legacy:
         rope, fmt = dict(legacy), "v4"
     elif isinstance(params, dict) and params:
         rope, fmt = dict(params), "v5"
     else:
-        rope, fmt = {}, "v4" if "rope_theta" in cfg or "rope_scaling" in cfg else "v5"
+        rope, fmt = {}, "v4" if base_key(cfg.get("model_type")) in cfg or "rope_scaling" in cfg else "v5"
+    return parse_rope(cfg, rope, fmt, source)
 
+
+def parse_rope(cfg: dict[str, Any], rope: dict[str, Any], fmt: str, source: str = "config.json", *,
+               nested: bool = False, base: Any = None, default_key: str = "global") -> RopeSettings:
+    """The RoPE settings of the RoPE dict `rope` of config `cfg` (format `fmt`), its base defaulting to `base`,
+    then the top-level base key, then the model type's default (`default_key` of a per-layer default). A
+    `nested` (per-layer-type) dict takes no top-level original length, as `standardize_rope_params`."""
+    rope = dict(rope)
     rope_type = rope.pop("rope_type", None) or rope.pop("type", None) or "default"
     rope.pop("type", None)
     theta = rope.pop("rope_theta", None)
     if theta is None:
-        theta = cfg.get("rope_theta")
+        theta = base if base is not None else cfg.get(base_key(cfg.get("model_type")))
     theta_is_default = theta is None
     if theta is None:
         theta = _default_theta(cfg.get("model_type"))
+        if isinstance(theta, dict):  # per-layer defaults (Gemma3TextConfig: {"global": 1e6, "local": 1e4})
+            theta = theta.get(default_key)
         if theta is None:
             raise InputError(
                 f"config has no RoPE base (rope_parameters / rope_theta) and model_type "
@@ -294,9 +271,9 @@ def read_rope(cfg: dict[str, Any], source: str = "config.json") -> RopeSettings:
     max_pos = cfg.get("max_position_embeddings")
     factor = rope.pop("factor", None)
     original = rope.pop("original_max_position_embeddings", None)
-    top = cfg.get("original_max_position_embeddings")
+    top = None if nested else cfg.get("original_max_position_embeddings")
     if rope_type in _TYPES_WITH_ORIGINAL:
-        if top is None:
+        if top is None and not nested:
             top = _class_original(cfg.get("model_type"))  # a config class field wins even at its default
         original = top if top is not None else original if original is not None else max_pos
     elif rope_type in ("linear", "dynamic"):
@@ -323,11 +300,13 @@ def write_rope(cfg: dict[str, Any], rope: RopeSettings, config_format: ConfigFor
     Every old RoPE field is removed first (a stale top-level `original_max_position_embeddings` would
     override the dict in transformers 5 and vLLM). It is written again, equal to the dict's, where the
     model's config class has it as a field (Phi3Config), whose default would otherwise win. "v5" is what the
-    pinned transformers writes; "v4" is for transformers 4.x readers; "both" writes both (they agree).
-    `rope.stored_type` is the rope_type written (LongRoPE form of YaRN).
+    pinned transformers writes; "v4" is for transformers 4.x readers (the base under the key the model type's
+    config class reads, `BASE_KEYS`); "both" writes both (they agree). `rope.stored_type` is the rope_type
+    written (LongRoPE form of YaRN).
     """
     out = copy.deepcopy(cfg)
-    for key in ("rope_parameters", "rope_scaling", "rope_theta", "original_max_position_embeddings"):
+    base = base_key(cfg.get("model_type"))
+    for key in ("rope_parameters", "rope_scaling", "rope_theta", "original_max_position_embeddings", base):
         out.pop(key, None)
     if rope.max_position_embeddings is not None:
         out["max_position_embeddings"] = int(rope.max_position_embeddings)
@@ -335,17 +314,36 @@ def write_rope(cfg: dict[str, Any], rope: RopeSettings, config_format: ConfigFor
     if (rope_type in _TYPES_WITH_ORIGINAL and rope.original_max_position_embeddings is not None
             and _class_original(cfg.get("model_type")) is not None):
         out["original_max_position_embeddings"] = int(rope.original_max_position_embeddings)
-    scaling: dict[str, Any] = {}
-    if rope.factor is not None:
-        scaling["factor"] = float(rope.factor)  # transformers warns on a non-float factor
-    if rope.original_max_position_embeddings is not None:
-        scaling["original_max_position_embeddings"] = int(rope.original_max_position_embeddings)
-    scaling.update(rope.extra)
+    params = rope_dict(rope)
     if config_format in ("v5", "both"):
-        out["rope_parameters"] = {"rope_type": rope_type, "rope_theta": rope.theta, **scaling}
+        out["rope_parameters"] = params
     if config_format in ("v4", "both"):
-        out["rope_theta"] = rope.theta
-        out["rope_scaling"] = {"rope_type": rope_type, **scaling} if rope_type != "default" else None
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+        out[base] = rope.theta
+        out["rope_scaling"] = scaling if rope_type != "default" else None
+    return out
+
+
+def rope_dict(rope: RopeSettings) -> dict[str, Any]:
+    """`rope` as the RoPE dict transformers 5 reads: {"rope_type" (as stored), "rope_theta", "factor",
+    "original_max_position_embeddings", ...its other keys}."""
+    out: dict[str, Any] = {"rope_type": rope.stored_type or rope.rope_type, "rope_theta": rope.theta}
+    if rope.factor is not None:
+        out["factor"] = float(rope.factor)  # transformers warns on a non-float factor
+    if rope.original_max_position_embeddings is not None:
+        out["original_max_position_embeddings"] = int(rope.original_max_position_embeddings)
+    out.update(rope.extra)
+    return out
+
+
+def reference_params(rope: RopeSettings) -> dict[str, Any]:
+    """The parameters whose RoPE `rope` asks for, for `longctx.checkpoint.rotary.reference_rope`: its dict, with
+    YaRN in LongRoPE form as the YaRN it is (the factors and scales are what the reference computes)."""
+    out = rope_dict(rope)
+    out["rope_type"] = rope.rope_type
+    if rope.stored_type == "longrope":
+        for key in LONGROPE_FORM_KEYS:
+            out.pop(key, None)
     return out
 
 
@@ -353,30 +351,53 @@ def set_rope_base(cfg: dict[str, Any], base: float, max_length: int,
                   config_format: ConfigFormat = "v5") -> tuple[dict[str, Any], RopeSettings]:
     """The config half of `extend`: a new RoPE base (ABF) and maximum length.
 
-    A position-independent scaling (llama3, linear, dynamic) is kept as it is, with the new base under it:
-    Llama 3.x is trained with its llama3 scaling on. YaRN and LongRoPE are refused: their frequencies were
+    A position-independent scaling (llama3, linear, dynamic; proportional's partial rotation) is kept as it is,
+    with the new base under it: Llama 3.x is trained with its llama3 scaling on. YaRN and LongRoPE are refused: their frequencies were
     chosen for the old base and the length they name (longctx yarn scales the extended checkpoint instead).
     """
-    rope = read_rope(cfg)
-    if rope.rope_type == "yarn":
-        raise InputError(f"this checkpoint is YaRN-scaled (factor {rope.factor:g} from original length "
-                         f"{rope.original_max_position_embeddings}); extend the checkpoint before YaRN, then scale "
-                         "the result with longctx yarn")
-    if rope.rope_type not in ("default", "llama3", "linear", "dynamic"):
-        raise InputError(f"this checkpoint uses RoPE type '{rope.rope_type}', whose per-dimension factors were fitted "
-                         f"for base {rope.theta:g}; a new base would invalidate them: extend a checkpoint without it, "
-                         "then scale the result with longctx yarn")
-    new = dataclasses.replace(rope, theta=parse_number(base), max_position_embeddings=int(max_length))
+    new = rebased(read_rope(cfg), base, max_length)
     return write_rope(cfg, new, config_format), new
 
 
+def rebased(rope: RopeSettings, base: float, max_length: int, layers: str = "this checkpoint") -> RopeSettings:
+    """`rope` with base `base` and max_position_embeddings `max_length` (`set_rope_base`); InputError for YaRN
+    and LongRoPE (`layers` names whose RoPE it is in the message)."""
+    if rope.rope_type == "yarn":
+        raise InputError(f"{layers} is YaRN-scaled (factor {rope.factor:g} from original length "
+                         f"{rope.original_max_position_embeddings}); extend the checkpoint before YaRN, then scale "
+                         "the result with longctx yarn")
+    if rope.rope_type not in ("default", "llama3", "linear", "dynamic", "proportional"):
+        raise InputError(f"{layers} uses RoPE type '{rope.rope_type}', whose per-dimension factors were fitted "
+                         f"for base {rope.theta:g}; a new base would invalidate them: extend a checkpoint without it, "
+                         "then scale the result with longctx yarn")
+    return dataclasses.replace(rope, theta=parse_number(base), max_position_embeddings=int(max_length))
+
+
+def hub_name(checkpoint: str | os.PathLike) -> str:
+    """How a user names `checkpoint`: a folder inside the Hub cache by its Hub id (`org/name[/subfolder]`, with
+    `@commit` unless the repo's main branch is at that commit), any other folder by its path."""
+    from longctx.checkpoint.hub import hub_origin
+
+    hub = hub_origin(checkpoint)
+    if hub is None:
+        return os.fspath(checkpoint)
+    name = hub["repo_id"] + (f"/{hub['subfolder']}" if hub["subfolder"] else "")
+    repo = Path(checkpoint).resolve()
+    while repo.parent.name != "snapshots" and repo != repo.parent:
+        repo = repo.parent
+    main = repo.parent.parent / "refs" / "main"
+    try:
+        at_main = main.read_text(encoding="utf-8").strip() == hub["commit"]
+    except OSError:
+        at_main = False
+    return name if at_main else f"{name}@{hub['commit']}"
 
 
 def yarn_command(checkpoint: str | os.PathLike, rope: RopeSettings, longest: int) -> str:
-    """The `longctx yarn` command line whose result covers `longest` tokens: the factor (a power of two) from
-    the original length `yarn` will use, `--rescale` when the checkpoint is scaled already, and for linear
-    scaling without a recorded original length `--original-max-position-embeddings` with the length the
-    config claims (max_position_embeddings)."""
+    """The `longctx yarn` command line whose result covers `longest` tokens: the checkpoint as a user names it
+    (`hub_name`), the factor (a power of two) from the original length `yarn` will use, `--rescale` when the
+    checkpoint is scaled already, and for linear scaling without a recorded original length
+    `--original-max-position-embeddings` with the length the config claims (max_position_embeddings)."""
     base, flag = rope.trained_length, ""
     if base is None and rope.rope_type == "linear" and rope.max_position_embeddings:
         base = rope.max_position_embeddings
@@ -384,7 +405,7 @@ def yarn_command(checkpoint: str | os.PathLike, rope: RopeSettings, longest: int
     base = base or rope.context_length or longest
     factor = max(2, 2 ** math.ceil(math.log2(longest / base)))
     rescale = " --rescale" if rope.rope_type != "default" else ""
-    return f"longctx yarn {shlex.quote(os.fspath(checkpoint))} --factor {factor}{rescale}{flag}"
+    return f"longctx yarn {shlex.quote(hub_name(checkpoint))} --factor {factor}{rescale}{flag}"
 
 
 def check_context(checkpoint: Path, rope: RopeSettings, longest: int) -> None:
@@ -393,35 +414,50 @@ def check_context(checkpoint: Path, rope: RopeSettings, longest: int) -> None:
     ctx = rope.context_length
     if ctx is None or longest <= ctx:
         return
-    raise InputError(f"length {longest} is beyond what '{checkpoint}' can do (context length {ctx} tokens, prompt + "
-                     f"generation); extend it first: {yarn_command(checkpoint, rope, longest)}")
-
-
-def _rope_fields(rope_type: str, theta: Any, factor: Any, original: Any, max_pos: Any) -> dict[str, Any]:
-    return {"rope_type": rope_type, "rope_theta": theta, "factor": factor, "original length": original,
-            "max_position_embeddings": max_pos}
+    raise InputError(f"length {longest} is beyond what '{hub_name(checkpoint)}' can do (context length {ctx} tokens, "
+                     f"prompt + generation); extend it first: {yarn_command(checkpoint, rope, longest)}")
 
 
 def _same(a: Any, b: Any) -> bool:
-    if _is_number(a) and _is_number(b):
+    if is_number(a) and is_number(b):
         return math.isclose(a, b, rel_tol=1e-9)
     return a == b
 
 
-def check_written_rope(written: str | os.PathLike | dict[str, Any], expected: RopeSettings,
-                       source: str | None = None, *, trust_remote_code: bool = False,
-                       checkpoint: str | os.PathLike | None = None) -> None:
-    """InputError (one line) unless transformers, building a config from `written` (a checkpoint folder or a
-    config.json dict) as every loader does, gets the RoPE `expected` says: rope_type (as stored), rope_theta,
-    factor, original length, max_position_embeddings, and every other key of `expected.extra`. `source`
-    names the config in the message [default: the folder's config.json, or "config.json"]. A dict is built by
-    the config class of `checkpoint` (the folder it is for) when that ships code and `trust_remote_code`.
+def _read_differently(params: dict[str, Any], expected: RopeSettings) -> list[str]:
+    """What the built config's RoPE dict `params` says differently from `expected`: 'factor 4.0 (written 2.0)'."""
+    stored = expected.stored_type or expected.rope_type
+    has_original = stored in _TYPES_WITH_ORIGINAL
+    want = {"rope_type": stored, "rope_theta": expected.theta, "factor": expected.factor,
+            "original length": expected.original_max_position_embeddings if has_original else None,
+            **expected.extra}
+    got = {"rope_type": params.get("rope_type", "default"), "rope_theta": params.get("rope_theta"),
+           "factor": params.get("factor"),
+           "original length": params.get("original_max_position_embeddings") if has_original else None,
+           **{k: params.get(k) for k in expected.extra}}
+    return [f"{k} {shown(got[k])} (written {shown(v)})" for k, v in want.items()
+            if (v is not None or k == "rope_type") and not _same(got[k], v)]
 
-    Config classes may rewrite what a config.json says (Phi3Config turns "yarn" into "longrope") or put their
-    own defaults over it (Phi3Config's top-level original_max_position_embeddings, default 4096)."""
+
+def check_written_rope(written: str | os.PathLike | dict[str, Any], expected: RopeSettings | Mapping[str, RopeSettings],
+                       source: str | None = None, *, trust_remote_code: bool = False,
+                       checkpoint: str | os.PathLike | None = None):
+    """InputError (one line) unless transformers, building a config from `written` (a checkpoint folder or a
+    config.json dict) as every loader does, gets the RoPE `expected` says (one for every layer, or one per layer
+    type): first the RoPE dict it reads (rope_type as stored, rope_theta, factor, original length, every other
+    key of `expected.extra`) and max_position_embeddings, then what the rotary module of the model it builds
+    computes for every layer type that applies RoPE: inv_freq and attention scaling against the reference of the
+    asked RoPE (`longctx.checkpoint.rotary`). `source` names the config in the message [default: the folder's
+    config.json, or "config.json"]. A dict is built by the config class of `checkpoint` (the folder it is for)
+    when that ships code and `trust_remote_code`. Returns the built RoPE per layer type (`BuiltRope`).
+
+    Config classes may rewrite what a config.json says (Phi3Config turns "yarn" into "longrope"), put their
+    own defaults over it (Phi3Config's top-level original_max_position_embeddings, default 4096) or ignore it
+    (Gemma3TextConfig ignores a flat rope_parameters)."""
     from transformers.utils import logging as hf_logging
 
     from longctx.checkpoint.load import _one_line, model_config
+    from longctx.checkpoint.rotary import built_rope, rope_differences
     from longctx.core.parse import loads
 
     if isinstance(written, dict):
@@ -446,17 +482,25 @@ def check_written_rope(written: str | os.PathLike | dict[str, Any], expected: Ro
     finally:
         hf_logging.set_verbosity(verbosity)
     params = getattr(built, "rope_parameters", None) or {}
-    stored = expected.stored_type or expected.rope_type
-    has_original = stored in _TYPES_WITH_ORIGINAL
-    want = _rope_fields(stored, expected.theta, expected.factor,
-                        expected.original_max_position_embeddings if has_original else None,
-                        expected.max_position_embeddings)
-    got = _rope_fields(params.get("rope_type", "default"), params.get("rope_theta"), params.get("factor"),
-                       params.get("original_max_position_embeddings") if has_original else None,
-                       getattr(built, "max_position_embeddings", None))
-    want.update(expected.extra)
-    got.update({k: params.get(k) for k in expected.extra})
-    diff = [f"{k} {_shown(got[k])} (written {_shown(v)})" for k, v in want.items()
-            if (v is not None or k == "rope_type") and not _same(got[k], v)]
+    per_type = dict(expected) if isinstance(expected, Mapping) else None
+    if per_type:
+        long = per_type[long_layer_type(list(per_type))]
+        diff = [f"{lt} {d}" for lt, rope in per_type.items()
+                for d in _read_differently(params.get(lt) or {}, rope)]
+    else:
+        long, diff = expected, _read_differently(params, expected)
+    max_pos = getattr(built, "max_position_embeddings", None)
+    if long.max_position_embeddings is not None and not _same(max_pos, long.max_position_embeddings):
+        diff.append(f"max_position_embeddings {shown(max_pos)} (written {long.max_position_embeddings})")
     if diff:
         raise InputError(f"'{label}': transformers' {type(built).__name__} reads {', '.join(diff)}; {what}")
+    try:
+        rope = built_rope(built, trust_remote_code)
+    except InputError as e:
+        raise InputError(f"'{label}': {e}; {what}") from None
+    asked = {lt: reference_params(per_type[lt] if per_type else expected) for lt in rope
+             if per_type is None or lt in per_type}
+    wrong = rope_differences(rope, asked, max_pos)
+    if wrong:
+        raise InputError(f"'{label}': the model transformers builds from it computes {'; '.join(wrong)}; {what}")
+    return rope

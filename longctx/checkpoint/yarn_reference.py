@@ -31,6 +31,30 @@ def yarn_attention_scaling(factor: float) -> float:
     return 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 
+def yarn_get_mscale(factor: float, mscale: float = 1.0) -> float:
+    """DeepSeek's `yarn_get_mscale`: 0.1·mscale·ln(s) + 1 (1 for s <= 1); `yarn_attention_scaling` is mscale 1."""
+    return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
+def yarn_attention_factor(factor: float, mscale: float | None = None, mscale_all_dim: float | None = None,
+                          attention_factor: float | None = None) -> float:
+    """The factor YaRN multiplies cos and sin by: `attention_factor` when given; with both DeepSeek keys
+    mscale(s, mscale) / mscale(s, mscale_all_dim) (DeepSeek-V2/V3's `DeepseekV2YarnRotaryEmbedding`); else
+    0.1·ln(s) + 1 (the paper's √(1/t))."""
+    if attention_factor is not None:
+        return attention_factor
+    if mscale and mscale_all_dim:
+        return yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim)
+    return yarn_attention_scaling(factor)
+
+
+def mla_softmax_multiplier(factor: float, mscale_all_dim: float | None) -> float:
+    """What DeepSeek's MLA attention multiplies its softmax scale 1/√(qk_head_dim) by under YaRN:
+    mscale(s, mscale_all_dim)² (1 without mscale_all_dim), as DeepSeek-V2/V3's `softmax_scale` and
+    transformers' `yarn_apply_mscale` (models/deepseek_v3/modeling_deepseek_v3.py) compute it."""
+    return yarn_get_mscale(factor, mscale_all_dim) ** 2 if mscale_all_dim else 1.0
+
+
 def yarn_inv_freq(dim: int, base: float, factor: float, original: int, beta_fast: float = 32,
                   beta_slow: float = 1, truncate: bool = True):
     """inv_freq_i = θ_i/s·ramp_i + θ_i·(1 − ramp_i), θ_i = b^(−2i/D), in fp32 (torch tensor, D/2).

@@ -72,7 +72,7 @@ def _echo_report(rep) -> None:
 def _info(s: InfoSettings) -> None:
     """Show a checkpoint's architecture, attention variant, RoPE setup, lengths, size and fingerprint."""
 
-    from longctx.checkpoint.describe import describe, window_text
+    from longctx.checkpoint.describe import built_rope_text, describe, window_text
 
     d = dataclasses.asdict(describe(s.checkpoint, s.trust_remote_code))
     if s.json:
@@ -84,7 +84,8 @@ def _info(s: InfoSettings) -> None:
         rope += f", factor {d['rope_factor']:g}" + (f" from original length {original}" if original else "")
     params = f"{d['parameters']:,}" if d["parameters"] is not None else "no weight files"
     rows = [("checkpoint", d["checkpoint"]), ("architecture", f"{d['architecture']} (model_type {d['model_type']})"),
-            ("attention", d["attention"]), ("rope", rope), ("max_position_embeddings", d["max_position_embeddings"]),
+            ("attention", d["attention"]), ("rope", rope), ("rope as built", built_rope_text(d["rope_layers"])),
+            ("max_position_embeddings", d["max_position_embeddings"]),
             ("context length", f"{d['context_length']} tokens (prompt + generation)"),
             ("sliding window", window_text(d["sliding_window"])), ("parameters", params),
             ("fingerprint", d["fingerprint"])]

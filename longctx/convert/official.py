@@ -192,7 +192,7 @@ def convert_checkpoint(s: ConvertSettings) -> ConvertResult:
     from longctx.checkpoint.rope import check_written_rope, read_rope
     from longctx.core.files import CHECKPOINT_KIND, atomic_dir, check_output
 
-    src, out = checkpoint_dir(s.source), Path(s.output)  # a local folder or a Hub id
+    src, out = checkpoint_dir(s.source, weights=True), Path(s.output)  # a local folder or a Hub id
     cfg = read_config(src)
     variant = _official_variant(src, cfg)
     check_output(out, CHECKPOINT_KIND, inputs=[("input checkpoint", src)], overwrite=s.overwrite)

@@ -11,13 +11,10 @@ Heavy imports (vllm, torch models) happen inside the backend that needs them.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
-import re
-import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -25,8 +22,8 @@ from typing import Any
 from longctx.core.errors import InputError
 from longctx.eval.request import OnResult, Request
 from longctx.eval.settings import RulerRunSettings
-
-
+from longctx.eval.vllm_engine import (ENGINE_LOG, EngineFailed, abort_requests, dead_engine_raises, ended_processes,
+                                      engine_call, engine_error, log_size, output_to, vllm_logging_to)
 
 
 def device_info(device: Any = None) -> dict[str, Any]:
@@ -45,84 +42,6 @@ def device_info(device: Any = None) -> dict[str, Any]:
 
 # KV cache (GiB) for vLLM's CPU build when neither --gpu-memory-utilization nor --kv-cache-memory is given.
 CPU_KV_CACHE_GIB = 4
-# Where the output of a vLLM engine start goes: the run directory when the backend knows it, else
-# longctx's cache (`longctx.core.files.cache_dir()/logs`).
-ENGINE_LOG = "vllm-engine.log"
-
-
-@contextlib.contextmanager
-def _output_to(path: Path) -> Iterator[None]:
-    """Everything printed while the block runs goes to the file `path`: file descriptors 1 and 2 (C code, and
-    the engine processes vLLM starts, which inherit them and keep writing there), `sys.stdout`/`sys.stderr`
-    and the logging handlers that write to them (vLLM logs through Python logging)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o666)
-    log = os.fdopen(fd, "a", buffering=1, encoding="utf-8", errors="replace")
-    streams = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
-    handlers = [h for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
-                if isinstance(logger, logging.Logger) for h in logger.handlers
-                if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
-                and any(h.stream is st for st in streams)]
-    for st in streams:
-        with contextlib.suppress(Exception):
-            st.flush()
-    saved = {n: os.dup(n) for n in (1, 2)}
-    old = sys.stdout, sys.stderr
-    swapped = []
-    for h in handlers:
-        with contextlib.suppress(AttributeError):  # logging's _StderrHandler always writes to sys.stderr
-            swapped.append((h, h.setStream(log)))
-    try:
-        for n in (1, 2):
-            os.dup2(log.fileno(), n)
-        sys.stdout = sys.stderr = log
-        yield
-    finally:
-        sys.stdout, sys.stderr = old
-        for h, stream in swapped:
-            h.setStream(stream)
-        # Handlers made inside the block (vLLM configures its logger when first imported, on `sys.stdout`)
-        # would write to the closed log afterwards: they get the stream they would have got outside it.
-        for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
-            for h in getattr(logger, "handlers", []):
-                if isinstance(h, logging.StreamHandler) and getattr(h, "stream", None) is log:
-                    h.setStream(old[0])
-        log.flush()
-        for n, dup in saved.items():
-            os.dup2(dup, n)
-            os.close(dup)
-        log.close()
-
-
-# vLLM's log prefixes: "(EngineCore_DP0 pid=123) " on lines of its engine process, "ERROR 12-01 10:00:00
-# [core.py:700] " on logged lines.
-_LOG_PREFIX = re.compile(r"^(?:\([\w.-]+ pid=\d+\)\s*)?"
-                         r"(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) [\d-]+ [\d:.]+ \[[^\]]*\]\s*)?")
-# The last line of a Python traceback: "ValueError: ...", "torch.OutOfMemoryError: ...", "AssertionError".
-_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b(?::\s*\S.*)?$")
-# Lines that report a failure without saying what it was (vLLM's main process after its engine process died).
-_GENERIC = ("Engine core initialization failed", "See root cause above", "EngineCore failed to start")
-
-
-def _is_generic(text: str) -> bool:
-    return any(g in text for g in _GENERIC)
-
-
-def _engine_error(log: Path, e: BaseException) -> str:
-    """What made the engine start fail, in one line: `e` itself when it says (it was raised in this process),
-    else the last exception line the engine's processes wrote to `log`."""
-    own = " ".join(line.strip() for line in str(e).strip().splitlines() if line.strip())
-    found = None
-    if not own or _is_generic(own):
-        with contextlib.suppress(OSError):
-            for raw in log.read_text(encoding="utf-8", errors="replace")[-1_000_000:].splitlines():
-                line = _LOG_PREFIX.sub("", raw).strip()
-                if _EXCEPTION_LINE.match(line) and not _is_generic(line):
-                    found = line
-    text = found or (f"{type(e).__name__}: {own}" if own else type(e).__name__)
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
 class VllmBackend:
     """The offline `vllm.LLM` engine. Requests are fed in small chunks while the engine steps, so
     tokenizing long prompts overlaps with generation, and finished requests are reported per step."""
@@ -154,6 +73,8 @@ class VllmBackend:
         self.owns_engine = llm is None  # a given engine is the caller's to shut down
         self.chunk = chunk
         self._dtype: str | None = None
+        self.log: Path | None = None  # where the engine this backend started writes its output
+        self._failed = False  # the engine failed while generating (said in one line already)
 
     def settings(self) -> dict[str, Any]:
         return {"name": self.name, "max_model_len": self.max_model_len, **self.kwargs,
@@ -168,7 +89,7 @@ class VllmBackend:
                 self._dtype = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
             else:
                 self._dtype = self.kwargs["dtype"]
-                with contextlib.suppress(Exception), _output_to(Path(os.devnull)):  # vLLM's import prints
+                with contextlib.suppress(Exception), output_to(Path(os.devnull)):  # vLLM's import prints
                     from longctx.checkpoint.load import model_config
                     from vllm.config.model import _get_and_verify_dtype
 
@@ -210,9 +131,9 @@ class VllmBackend:
         failure is one line that names the cause and the file."""
         from longctx.core.processes import children_bound
 
-        log = self._log_path()
+        log = self.log = self._log_path()
         try:
-            with _output_to(log):
+            with output_to(log):
                 try:
                     from vllm import LLM
                 except ImportError:
@@ -235,7 +156,7 @@ class VllmBackend:
         except Exception as e:  # noqa: BLE001 - whatever stops the engine, the user gets one line and the log
             with contextlib.suppress(OSError), open(log, "a", encoding="utf-8") as f:
                 f.write("\n[longctx] the engine start raised:\n" + traceback.format_exc())
-            raise InputError(f"vLLM could not start the engine for {self.checkpoint} ({_engine_error(log, e)}); "
+            raise InputError(f"vLLM could not start the engine for {self.checkpoint} ({engine_error(log, e)}); "
                              f"full output in {log}") from None
 
     def _engine(self):
@@ -253,10 +174,14 @@ class VllmBackend:
         """Shut down the engine this backend started, now: its worker processes and KV cache would
         otherwise live on until the interpreter exits (`longctx run` trains the next model after RULER)."""
         if self.llm is not None and self.owns_engine:
-            self.llm.llm_engine.engine_core.shutdown()
-            self.llm = None
+            llm, self.llm = self.llm, None
+            # a failed engine's shutdown may fail as well: the failure has been said
+            with contextlib.suppress(Exception) if self._failed else contextlib.nullcontext():
+                llm.llm_engine.engine_core.shutdown()
 
     def generate(self, requests: Iterable[Request], on_result: OnResult) -> None:
+        """Greedy outputs of `requests`, each reported to `on_result` as it finishes. InputError, one line naming
+        the cause and the engine's log, when the engine fails while it generates (what was reported stays)."""
         llm = self._engine()  # first: vLLM's import prints, and the engine start captures that
         from vllm import SamplingParams
 
@@ -277,7 +202,7 @@ class VllmBackend:
             if not batch:
                 return False
             params = [SamplingParams(temperature=0.0, top_p=1.0, max_tokens=r.max_tokens) for r in batch]
-            ids = llm.enqueue([r.prompt for r in batch], params, use_tqdm=False)
+            ids = engine_call(llm.enqueue, [r.prompt for r in batch], params, use_tqdm=False)
             for rid, r in zip(map(str, ids), batch):
                 # enqueue returns the engine's internal id "<counter>-<8 random chars>"; outputs carry the
                 # external "<counter>" (older vLLM returned that one directly)
@@ -285,22 +210,29 @@ class VllmBackend:
                 internal[rid.rsplit("-", 1)[0]] = rid
             return True
 
-        more = top_up()
+        since = log_size(self.log)
         try:
-            while inflight:
-                for out in engine.step():
-                    if out.finished:
-                        r = inflight.pop(str(out.request_id))
-                        internal.pop(str(out.request_id), None)
-                        toks = len(out.prompt_token_ids) if out.prompt_token_ids is not None else None
-                        on_result(r, out.outputs[0].text, toks)
-                if more and len(inflight) < window:
-                    more = top_up()
+            with vllm_logging_to(self.log), dead_engine_raises(engine.engine_core):
+                more = top_up()
+                while inflight:
+                    for out in engine_call(engine.step):
+                        if out.finished:
+                            r = inflight.pop(str(out.request_id))
+                            internal.pop(str(out.request_id), None)
+                            toks = len(out.prompt_token_ids) if out.prompt_token_ids is not None else None
+                            on_result(r, out.outputs[0].text, toks)
+                    if more and len(inflight) < window:
+                        more = top_up()
+        except EngineFailed as failed:
+            self._failed = True
+            with contextlib.suppress(Exception):  # what the engine still holds, if it lives
+                abort_requests(engine, [internal[k] for k in inflight])
+            cause = engine_error(self.log, failed.__cause__, since, ended_processes(engine.engine_core))
+            where = f"; full output in {self.log}" if self.log is not None else ""
+            raise InputError(f"the vLLM engine for {self.checkpoint} stopped while generating ({cause}); the "
+                             f"predictions made so far are kept: rerun the same command to continue{where}") from None
         except BaseException:
-            if inflight:
-                engine.abort_request([internal[k] for k in inflight], internal=True)
-                while engine.has_unfinished_requests():  # drain so a shared engine stays usable
-                    engine.step()
+            abort_requests(engine, [internal[k] for k in inflight])
             raise
 
 
@@ -384,13 +316,17 @@ class HfBackend:
 
 
 def _check_weights(s: RulerRunSettings, checkpoint: str) -> None:
-    """InputError when the checkpoint's weight files do not hold the model its config.json describes (with
-    vLLM's `hf_overrides` applied, as vLLM applies them): the same refusal whatever the backend, before the run
-    directory is made, rather than from the model load after it."""
+    """InputError when the checkpoint has no weight files and the backend loads them (hf, vllm), or its weight
+    files do not hold the model its config.json describes (with vLLM's `hf_overrides` applied, as vLLM applies
+    them): the same refusal whatever the backend, before the run directory is made, rather than from the model
+    load after it."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
+    from longctx.checkpoint.directory import require_weights
     from longctx.checkpoint.load import check_weight_shapes, model_config
 
+    if s.backend != "openai":  # a served model's weights are the server's
+        require_weights(Path(checkpoint), s.checkpoint)
     config = model_config(checkpoint, trust_remote_code=s.trust_remote_code)
     overrides = s.engine_args.get("hf_overrides") if s.backend == "vllm" else None
     if isinstance(overrides, dict):

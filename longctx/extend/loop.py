@@ -129,24 +129,34 @@ def _validate(s: ExtendSettings, world_size: int, cuda: bool, held: contextlib.E
     from longctx.checkpoint.directory import checkpoint_dir, read_config
     from longctx.checkpoint.load import model_config, sliding_window
     from longctx.checkpoint.rope import check_written_rope, read_rope, set_rope_base
+    from longctx.checkpoint.rope_layers import read_rope_layers, set_rope_base_layers
+    from longctx.checkpoint.rotary import reach_notes
     from longctx.checkpoint.tokenizer import require_tokenizer_files
 
     if s.checkpoint is None or s.output is None:
         raise InputError("extend needs a checkpoint and an output directory")
     s.check_inputs()
     check_parallelism(s.cp_size, world_size, s.seq_len, cuda)
-    ckpt = checkpoint_dir(s.checkpoint)
+    ckpt = checkpoint_dir(s.checkpoint, weights=True)
     cfg = read_config(ckpt)
     rope = read_rope(cfg)
+    config = model_config(ckpt, trust_remote_code=s.trust_remote_code)
     notes = []
     if s.rope_base is not None and s.rope_base == rope.theta:
         notes.append(f"the RoPE base is already {rope.theta}; training at the longer length with it unchanged")
-    new_cfg, new_rope = set_rope_base(cfg, s.rope_base if s.rope_base is not None else rope.theta, s.seq_len)
-    # before any training: the config the output will have (its dtype too) gives this RoPE in transformers
-    check_written_rope(output_config(new_cfg, str(ckpt / "config.json")), new_rope,
-                       trust_remote_code=s.trust_remote_code, checkpoint=ckpt)
+    base = s.rope_base if s.rope_base is not None else rope.theta
+    layers = read_rope_layers(cfg, config)
+    if layers is None:
+        new_cfg, new_rope = set_rope_base(cfg, base, s.seq_len)
+    else:  # the new base for the layers that see the whole sequence; sliding layers keep theirs
+        new_cfg, new_layers, kept = set_rope_base_layers(cfg, layers, base, s.seq_len)
+        new_rope, notes = new_layers.types, notes + kept
+    # before any training: the config the output will have (its dtype too) gives this RoPE in the model
+    # transformers builds from it (its rotary module, every layer type), as the training model is built from it
+    built = check_written_rope(output_config(new_cfg, str(ckpt / "config.json")), new_rope,
+                               trust_remote_code=s.trust_remote_code, checkpoint=ckpt)
+    notes += reach_notes(built, "the new base", layers.long_types if layers is not None else None)
     require_tokenizer_files(ckpt)
-    config = model_config(ckpt, trust_remote_code=s.trust_remote_code)
     window = sliding_note(checkpoint_name(ckpt), sliding_window(config), [s.seq_len])
     if window:
         notes.append(f"{window}; the output keeps the window")

@@ -56,7 +56,9 @@ def write_output(acc, module, ckpt: Path, new_cfg: dict[str, Any], s: ExtendSett
     """The output checkpoint (main process): gathered weights in the source's dtype, the source's config with
     only the RoPE base and length changed, its side files, the training log and provenance."""
     from longctx.checkpoint.directory import copy_side_files, write_provenance
-    from longctx.checkpoint.rope import check_written_rope, read_rope
+    from longctx.checkpoint.load import model_config
+    from longctx.checkpoint.rope import check_written_rope
+    from longctx.checkpoint.rope_layers import asked_rope
     from longctx.core.files import CHECKPOINT_KIND, atomic_dir, write_json
     from longctx.extend.state import write_failure
 
@@ -72,7 +74,8 @@ def write_output(acc, module, ckpt: Path, new_cfg: dict[str, Any], s: ExtendSett
             copy_side_files(ckpt, tmp)
             write_json(tmp / "config.json", output_config(new_cfg))
             # what _validate checked before training, now on the file itself
-            check_written_rope(tmp, read_rope(new_cfg), trust_remote_code=s.trust_remote_code)
+            asked = asked_rope(new_cfg, model_config(ckpt, new_cfg, trust_remote_code=s.trust_remote_code))
+            check_written_rope(tmp, asked, trust_remote_code=s.trust_remote_code)
             shutil.copy2(work / LOG_FILE, tmp / LOG_FILE)
             args = {**s.record(), "plan": dataclasses.asdict(plan), **extra}
             write_provenance(tmp, "extend", args, ckpt)

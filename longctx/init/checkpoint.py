@@ -72,7 +72,8 @@ def init_checkpoint(s: InitSettings) -> InitResult:
 
     from longctx.checkpoint.directory import write_provenance
     from longctx.checkpoint.hub import hub_origin, resolve_checkpoint
-    from longctx.checkpoint.rope import check_written_rope, read_rope
+    from longctx.checkpoint.rope import check_written_rope
+    from longctx.checkpoint.rope_layers import asked_rope
     from longctx.checkpoint.tokenizer import check_tokenizer_source, require_tokenizer_files
     from longctx.core.files import CHECKPOINT_KIND, atomic_dir, check_output
     from longctx.init.presets import PRESET_DTYPES, PRESETS, model_config, parameter_count
@@ -107,8 +108,10 @@ def init_checkpoint(s: InitSettings) -> InitResult:
         params = sum(p.numel() for p in model.parameters())
         model.save_pretrained(tmp, max_shard_size="5GB")
         GenerationConfig(**ids).save_pretrained(tmp)
-        # the RoPE asked for (preset, then --config), as transformers reads the written config back
-        check_written_rope(tmp, read_rope({"model_type": config.model_type, **PRESETS[s.preset], **overrides}))
+        # the RoPE asked for (preset, then --config), as the model transformers builds from the written config
+        # computes it (every layer type)
+        check_written_rope(tmp, asked_rope({"model_type": config.model_type, **PRESETS[s.preset], **overrides},
+                                           config))
         args = {"preset": s.preset, "attention": s.attention, "tokenizer": s.tokenizer,
                 "tokenizer_hub": hub_origin(source) if source else None, "match_params": s.match_params,
                 "seed": s.seed, "dtype": dtype, **({"bpe_vocab_size": s.vocab_size} if s.tokenizer == "bpe" else {}),

@@ -131,7 +131,7 @@ def measure_sinks(s: SinksSettings, progress: bool = True, log: Callable[[str], 
 
     t0 = time.time()
     s.check_inputs()
-    ckpt = checkpoint_dir(s.checkpoint)
+    ckpt = checkpoint_dir(s.checkpoint, weights=True)
     rope = read_rope(read_config(ckpt))
     out = Path(s.output)
     check_output(out, (SINKS_KIND, RULER_RUN_KIND), inputs=[("checkpoint", ckpt)])

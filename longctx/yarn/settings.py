@@ -31,8 +31,10 @@ class YarnSettings(Settings):
                                       "YaRN beta_slow (written only when given; engines default to 1).")
     truncate: bool | None = setting(None, Bool(), "Round the ramp bounds (written only when given).",
                                     flag="--truncate/--no-truncate")
-    config_format: str = setting("v5", Choice(CONFIG_FORMATS, "config format"),
-                                 "v5: rope_parameters (transformers 5); v4: rope_theta + rope_scaling; both.")
+    config_format: str | None = setting(
+        None, Choice(CONFIG_FORMATS, "config format"),
+        "v5: rope_parameters (transformers 5); v4: rope_theta + rope_scaling (a per-layer RoPE: the family's "
+        "transformers-4 keys); both [default: v5; a per-layer RoPE keeps the form it has].")
     trust_remote_code: bool = trust_remote_code_setting()
 
     def output_path(self) -> str | None:
