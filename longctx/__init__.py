@@ -38,7 +38,7 @@ def _register_transformers_classes() -> None:
         from longctx.models.gated_qwen3 import register_auto_classes
 
         register_auto_classes()
-    except Exception as e:  # never break `import transformers` for the user; say why instead
+    except Exception as e:  # noqa: BLE001 - never break `import transformers` for the user; say why instead
         import warnings
 
         warnings.warn(f"longctx could not register the gated_qwen3 model with transformers: {e!r}", stacklevel=2)

@@ -30,13 +30,16 @@ WHAT = {
 # sha256 -> description. Only sums verified here are listed; add the real upstream files' sums when known.
 KNOWN_SHA256: dict[str, dict[str, str]] = {
     "essay": {
-        "bc0f46147cb2e837907ef50e5f77a1b6cc96dd38dc90cf9409c930ef406b79ed": "longctx RULER golden fixture (make_fixtures.py)",
+        "bc0f46147cb2e837907ef50e5f77a1b6cc96dd38dc90cf9409c930ef406b79ed":
+            "longctx RULER golden fixture (make_fixtures.py)",
     },
     "squad": {
-        "2b482573881006242df4cba0661abacd530be74d940265fc0c6dda08a3932914": "longctx RULER golden fixture (make_fixtures.py)",
+        "2b482573881006242df4cba0661abacd530be74d940265fc0c6dda08a3932914":
+            "longctx RULER golden fixture (make_fixtures.py)",
     },
     "hotpotqa": {
-        "fe4f208607f8848240923ab0a142d4c1440ef7644468155a77070bfc585980a9": "longctx RULER golden fixture (make_fixtures.py)",
+        "fe4f208607f8848240923ab0a142d4c1440ef7644468155a77070bfc585980a9":
+            "longctx RULER golden fixture (make_fixtures.py)",
     },
 }
 
@@ -63,14 +66,16 @@ def resolve_sources(needed, data_dir=None, essay=None, squad=None, hotpotqa=None
         if v is None and data_dir is not None:
             d = Path(data_dir)
             if not d.is_dir():
-                raise RulerInputError(f"--data-dir '{data_dir}' is not a directory (give a folder holding essay.json, squad.json, hotpotqa.json)")
+                raise RulerInputError(f"--data-dir '{data_dir}' is not a directory (give a folder holding essay.json, "
+                                      "squad.json, hotpotqa.json)")
             v = str(d / FILE_NAMES[name])
             if not Path(v).is_file():
                 raise RulerInputError(
                     f"{name} data not found: '{v}' does not exist (put {WHAT[name]} there or pass --{name} FILE)")
         if v is None:
             raise RulerInputError(
-                f"the selected tasks need the {name} data: pass --data-dir DIR (with {FILE_NAMES[name]}) or --{name} FILE ({WHAT[name]})")
+                f"the selected tasks need the {name} data: pass --data-dir DIR (with {FILE_NAMES[name]}) or --{name} "
+                f"FILE ({WHAT[name]})")
         out[name] = str(v)
     return out
 
@@ -79,11 +84,13 @@ def _sniff_bad(raw: bytes, name: str, path: str) -> None:
     head = raw[:512].lstrip()
     if head.startswith(b"version https://git-lfs.github.com/spec/"):
         raise RulerInputError(
-            f"{name} file '{path}' is a Git LFS pointer, not the data: fetch the real file (git lfs pull) and pass it again")
+            f"{name} file '{path}' is a Git LFS pointer, not the data: fetch the real file (git lfs pull) and pass it "
+            "again")
     low = head[:64].lower()
     if low.startswith(b"<!doctype html") or low.startswith(b"<html") or low.startswith(b"<?xml"):
         raise RulerInputError(
-            f"{name} file '{path}' is an HTML/XML page, not JSON data: download the raw file ({WHAT[name]}) and pass it again")
+            f"{name} file '{path}' is an HTML/XML page, not JSON data: download the raw file ({WHAT[name]}) and pass "
+            "it again")
 
 
 def load_source(name: str, origin: str) -> DataSource:
@@ -99,7 +106,8 @@ def load_source(name: str, origin: str) -> DataSource:
         try:
             obj = loads(raw)
         except ValueError as e:  # not UTF-8, not JSON, or over a limit of `loads`
-            raise RulerInputError(f"{name} file '{origin}' is not valid JSON ({e.__class__.__name__}: {str(e).splitlines()[0]}); give {WHAT[name]}") from None
+            raise RulerInputError(f"{name} file '{origin}' is not valid JSON ({e.__class__.__name__}: "
+                                  f"{str(e).splitlines()[0]}); give {WHAT[name]}") from None
     _validate(name, obj, origin)
     digest = hashlib.sha256(raw).hexdigest()
     known = KNOWN_SHA256.get(name, {}).get(digest)
@@ -125,7 +133,8 @@ def _validate(name: str, obj: Any, origin: str) -> None:
         except (KeyError, TypeError):
             ok = False
         if not ok:
-            raise RulerInputError(f"{bad}: expected SQuAD v2.0 JSON {{\"data\": [{{\"paragraphs\": [{{\"context\", \"qas\"}}]}}]}}")
+            raise RulerInputError(
+                f"{bad}: expected SQuAD v2.0 JSON {{\"data\": [{{\"paragraphs\": [{{\"context\", \"qas\"}}]}}]}}")
     elif name == "hotpotqa":
         try:
             ok = isinstance(obj, list) and len(obj) > 0 and all(
@@ -134,7 +143,8 @@ def _validate(name: str, obj: Any, origin: str) -> None:
         except (KeyError, TypeError, ValueError):
             ok = False
         if not ok:
-            raise RulerInputError(f"{bad}: expected HotpotQA dev-distractor JSON (a list of {{question, answer, context: [[title, [sentences]]]}})")
+            raise RulerInputError(f"{bad}: expected HotpotQA dev-distractor JSON (a list of {{question, answer, "
+                                  "context: [[title, [sentences]]]}})")
 
 
 def _load_hf(name: str, spec: str):
@@ -152,7 +162,9 @@ def _load_hf(name: str, spec: str):
     try:
         ds = datasets.load_dataset(spec, config, split=split or ("train" if name == "essay" else "validation"))
     except Exception as e:  # noqa: BLE001 - any loader failure is a user-input problem here
-        raise RulerInputError(f"could not load {name} dataset '{spec}' ({e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}); give a local JSON file instead") from None
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise RulerInputError(f"could not load {name} dataset '{spec}' ({e.__class__.__name__}: {first}); give a local "
+                              "JSON file instead") from None
     return convert_hf_rows(name, ds)
 
 
@@ -177,7 +189,8 @@ def convert_hf_rows(name: str, rows) -> Any:
                 art["paragraphs"].append(para)
             texts = list(r["answers"]["text"])
             para["qas"].append({"question": r["question"], "id": r.get("id"),
-                                "answers": [{"text": t, "answer_start": s} for t, s in zip(texts, r["answers"]["answer_start"])],
+                                "answers": [{"text": t, "answer_start": s}
+                                            for t, s in zip(texts, r["answers"]["answer_start"])],
                                 "is_impossible": len(texts) == 0})
         return {"version": "v2.0", "data": data}
     if name == "hotpotqa":

@@ -31,7 +31,7 @@ class _EssaySentences:
 
     def __init__(self, words: list[str]):
         self.words = words
-        self.cache: "OrderedDict[int, list[str]]" = OrderedDict()
+        self.cache: OrderedDict[int, list[str]] = OrderedDict()
 
     def get(self, n: int) -> list[str]:
         s = self.cache.get(n)
@@ -175,7 +175,7 @@ def generate(ctx: GenContext):
                                  incremental, max(estimated, incremental * 2), incremental)
     ctx.stats["size"] = num_haystack
 
-    for index in range(ctx.num_samples):
+    for _ in range(ctx.num_samples):
         (parts, answer), length = fit_sample(ctx, build, num_haystack, incremental)
         text = render(parts)
         inp, prefix = split_answer_prefix(text, _T["answer_prefix"])

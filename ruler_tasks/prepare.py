@@ -18,9 +18,10 @@ import os
 import shutil
 import time
 import warnings
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from longctx.core.files import check_output, make_output, open_atomic, write_json
 from longctx.core.hashing import hash_json, sha256_file, tokenizer_fingerprint
@@ -82,7 +83,8 @@ def load_tokenizer(path):
             tok = AutoTokenizer.from_pretrained(str(p), trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - any load failure is a bad path for the user
         msg = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
-        raise RulerInputError(f"could not load a tokenizer from '{path}' ({msg}); give a transformers tokenizer directory") from None
+        raise RulerInputError(f"could not load a tokenizer from '{path}' ({msg}); give a transformers tokenizer "
+                              "directory") from None
     check_tokenizer(tok, path)
     return tok
 
@@ -164,7 +166,8 @@ def _english_words(path) -> tuple[list | None, str | None]:
     try:
         words = list(loads(raw).values())
     except Exception:  # noqa: BLE001
-        raise RulerInputError(f"english words file '{path}' is not RULER's english_words.json (a JSON object)") from None
+        raise RulerInputError(f"english words file '{path}' is not RULER's english_words.json (a JSON "
+                              "object)") from None
     return words, hashlib.sha256(raw).hexdigest()
 
 

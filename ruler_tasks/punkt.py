@@ -10,8 +10,8 @@ changed and nothing is ever downloaded.
 from __future__ import annotations
 
 import functools
-from collections import defaultdict
 import hashlib
+from collections import defaultdict
 from pathlib import Path
 
 PUNKT_DIR = Path(__file__).parent / "punkt_tab" / "english"
@@ -31,7 +31,7 @@ def _lines(name: str) -> list[str]:
     return [line for line in text.split("\n")]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def punkt_tokenizer():
     """A `PunktSentenceTokenizer` with the shipped English parameters."""
     from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
@@ -44,7 +44,8 @@ def punkt_tokenizer():
     params.collocations = {tuple(line.split("\t")) for line in _lines("collocations.tab")}
     params.sent_starters = set(_lines("sent_starters.txt"))
     params.abbrev_types = set(_lines("abbrev_types.txt"))
-    params.ortho_context = defaultdict(int, {w: int(v) for w, v in (l.split("\t") for l in _lines("ortho_context.tab"))})
+    rows = (line.split("\t") for line in _lines("ortho_context.tab"))
+    params.ortho_context = defaultdict(int, {w: int(v) for w, v in rows})
     tok = PunktSentenceTokenizer()
     tok._params = params
     return tok

@@ -77,6 +77,7 @@ def generate(ctx: GenContext):
                          incremental, max(estimated, incremental * 2), incremental)
     ctx.stats["size"] = size
     for index in range(ctx.num_samples):
-        (parts, answer), length = fit_sample(ctx, lambda used: build(index + pre_samples, used), size, incremental)
+        (parts, answer), length = fit_sample(ctx, lambda used, index=index: build(index + pre_samples, used), size,
+                                             incremental)
         text = render(parts)
         yield record(index, text, answer, length, ctx, _T["answer_prefix"])

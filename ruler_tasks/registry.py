@@ -6,9 +6,10 @@ from `scripts/data/synthetic/constants.py`; metrics from `scripts/eval/synthetic
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 from ruler_tasks.constants import TASK_TEMPLATES, UPSTREAM_COMMIT
 from ruler_tasks.errors import RulerInputError

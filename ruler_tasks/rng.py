@@ -14,7 +14,7 @@ import random
 from collections import OrderedDict
 from operator import itemgetter
 
-_PERMS: "OrderedDict[tuple[int, int], tuple[int, ...]]" = OrderedDict()
+_PERMS: OrderedDict[tuple[int, int], tuple[int, ...]] = OrderedDict()
 _MAX_PERMS = 64
 
 
@@ -94,7 +94,7 @@ def uuid4_str(bits: int) -> str:
     """`str(uuid.UUID(int=bits, version=4))` for a 128-bit `bits`, without building the UUID."""
     bits = (bits & ~(0xC000 << 48)) | (0x8000 << 48)  # variant RFC 4122
     bits = (bits & ~(0xF000 << 64)) | (4 << 76)  # version 4
-    h = "%032x" % bits
+    h = f"{bits:032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
@@ -219,7 +219,7 @@ def below_rounds(rng: random.Random, ns: tuple[int, ...], rounds: int):
             break
         m *= 2
     out, pos = [], starts
-    for n, k, nxt in zip(ns, ks, nexts):
+    for k, nxt in zip(ks, nexts):
         at = nxt[pos]
         out.append(w[at] >> (32 - k))
         pos = at + 1

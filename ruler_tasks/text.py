@@ -6,8 +6,8 @@ A prompt is a list whose elements are `str` or `Join`. `render(parts)` is the te
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence, Union
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class Rows:
         return self.sep.join(self.lines())
 
 
-Part = Union[str, Join, NumberedList, Rows]
+Part = str | Join | NumberedList | Rows
 
 
 def render(parts: Sequence[Part]) -> str:

@@ -41,7 +41,7 @@ def generate(ctx: GenContext):
             if is_icl:
                 chain = [f"VAR {this_vars[0]} = 12345"]
             else:
-                chain = [f"VAR {this_vars[0]} = {str(nprng.randint(10000, 99999))}"]
+                chain = [f"VAR {this_vars[0]} = {nprng.randint(10000, 99999)!s}"]
             for j in range(hops):
                 chain.append(f"VAR {this_vars[j + 1]} = VAR {this_vars[j]} ")
             chains_ret.append(chain)
@@ -122,5 +122,5 @@ def generate(ctx: GenContext):
             ctx.max_seq_length = saved
             ctx.tokens_to_generate = saved_ttg
 
-    icl = list(run(1, 500, None, False))[0]
+    icl = list(run(1, 500, None, False))[0]  # noqa: RUF015 - run to its end: it restores the context last
     yield from run(ctx.num_samples, ctx.max_seq_length, icl, True)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import bisect
 import functools
-from typing import Sequence
+from collections.abc import Sequence
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def wonderwords_lists() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """(nouns, adjectives, verbs) exactly as `wonderwords.random_word._get_words_from_text_file` reads them."""
     from wonderwords.random_word import _get_words_from_text_file as read
@@ -96,13 +96,13 @@ class AdjNounKeys(Sequence):
                 for part, off in zip(map(parts.__getitem__, groups.tolist()), offsets)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def niah_keys() -> AdjNounKeys:
     nouns, adjs, _ = wonderwords_lists()
     return AdjNounKeys(adjs, nouns)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cwe_words_sorted() -> tuple[str, ...]:
     """`sorted(set(nouns + adjs + verbs))` (CWE shuffles it with Random(seed) per run)."""
     nouns, adjs, verbs = wonderwords_lists()

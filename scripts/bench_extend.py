@@ -26,9 +26,9 @@ TARGET_OUTSIDE = 0.05
 
 
 def one_length(seq_len: int, steps: int, root: Path) -> dict:
-    from longctx.init.presets import write_tiny_qwen3
     from longctx.extend.loop import extend
     from longctx.extend.settings import ExtendSettings
+    from longctx.init.presets import write_tiny_qwen3
 
     ckpt = root / "tiny"
     if not ckpt.exists():

@@ -32,9 +32,10 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from longctx.models.gated_qwen3 import GatedQwen3ForCausalLM
-    from longctx.init.presets import model_config, parameter_count
     from transformers import Qwen3ForCausalLM
+
+    from longctx.init.presets import model_config, parameter_count
+    from longctx.models.gated_qwen3 import GatedQwen3ForCausalLM
 
     shape = {"num_hidden_layers": args.layers}
     configs = {"baseline": model_config("paper-1.7b", "baseline", 4096, **shape),

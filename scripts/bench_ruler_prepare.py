@@ -62,7 +62,8 @@ def main() -> None:
 
     print(f"ruler_tasks.prepare: {args.samples} samples/task, lengths {lengths}, total wall {wall:.1f} s "
           f"(includes imports + tokenizer load once), cpus={os.cpu_count()}")
-    print(f"{'length':>7} {'task':<16} {'ours s/sample':>13} {'upstream':>9} {'ratio':>7} {'ours setup s':>12} {'upstream setup':>14}")
+    print(f"{'length':>7} {'task':<16} {'ours s/sample':>13} {'upstream':>9} {'ratio':>7} {'ours setup s':>12} "
+          f"{'upstream setup':>14}")
     sums: dict[int, list[float]] = {}  # length -> [upstream, ours] over tasks with an upstream figure
     for t in res.timings:
         up = UPSTREAM.get((t.length, t.task))
@@ -79,7 +80,8 @@ def main() -> None:
             print(f"aggregate at {L}: upstream {u:.3f} s, ours {o:.4f} s, ratio {u / o:.1f}")
     up_sum, our_sum = sums.get(max(lengths), [0.0, 0.0])
     if our_sum > 0:
-        print(f"aggregate over tasks with an upstream figure at {max(lengths)}: upstream {up_sum:.3f} s, ours {our_sum:.4f} s")
+        print(f"aggregate over tasks with an upstream figure at {max(lengths)}: upstream {up_sum:.3f} s, "
+              f"ours {our_sum:.4f} s")
         print(f"ratio={up_sum / our_sum:.1f}")
     else:
         print("ratio=nan")

@@ -10,7 +10,8 @@ runs in its own engine (one at a time; CPU, enforce_eager, the same settings for
 throughput is prompt tokens / wall time of `generate(max_tokens=1)` over the batch, best of --reps.
 `--no-match-params` keeps the baseline's FFN (the gate's cost on top). Engines run one after the other: two
 live CPU engines slow each other (the first one measured 8-24% slower when both were up), so this
-sequential design is the fairer one, but its run-to-run spread on 2 shared cores is about 5%. Prints both sides and, last, `ratio=<gated/baseline tokens/s>` (targets: >= 0.97 elementwise,
+sequential design is the fairer one, but its run-to-run spread on 2 shared cores is about 5%. Prints both sides
+and, last, `ratio=<gated/baseline tokens/s>` (targets: >= 0.97 elementwise,
 >= 0.99 headwise).
 """
 

@@ -1,5 +1,5 @@
 """Copy the tiny models `recipes/tiny-pretrain.yaml` trained into `checkpoints/` as bf16 safetensors, with
-their provenance, so that `recipes/tiny-cpu.yaml` (the README's demo) need not pretrain.
+their provenance, so that `recipes/tiny-cpu.yaml` (the demo, docs/demo.md) need not pretrain.
 
     longctx run recipes/tiny-pretrain.yaml                   # writes runs/tiny-pretrain/
     .venv/bin/python scripts/ship_tiny_checkpoints.py [runs/tiny-pretrain] [checkpoints]
@@ -46,7 +46,8 @@ def main() -> None:
     if missing:
         print(f"Error: no trained checkpoint at {', '.join(missing)}; run longctx run {RECIPE} first", file=sys.stderr)
         sys.exit(2)
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
     out.mkdir(parents=True, exist_ok=True)
     sums = []
     for model, src in sources.items():

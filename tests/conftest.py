@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sysconfig
 import tempfile
 
 import pytest
@@ -144,3 +146,217 @@ def reads_show(tmp_path_factory):
     before = mark_unread(f)
     f.read_bytes()
     return os.stat(f).st_atime_ns != before
+
+
+# --- the lanes: `-m "not slow"` (the fast lane) never starts a process, a vLLM engine or a recipe -------------
+#
+# Every test that starts a process (subprocess, multiprocessing / ProcessPoolExecutor workers, torchrun ranks,
+# `longctx` or `vllm serve` as a command), a vLLM engine (`vllm.LLM`, an engine core, the `vllm_engines`
+# fixture) or runs a recipe's stages (`longctx run`, `run_recipe`) is marked `slow`. The guard below makes that
+# mechanical: while a test that is not marked slow is set up, runs or is torn down, those entry points raise
+# `SlowTestNotMarked`, and the test fails even where the code under test catches the error. A session (or
+# module) fixture that started one of them, for whichever test first asked for it, is remembered: a later
+# unmarked test that uses it fails at set-up too, although it starts nothing itself (it shares what is slow).
+# Threads are not processes and stay allowed.
+
+ENGINE_FIXTURES = {"vllm_engines"}  # fixtures that stand for a live vLLM engine whether or not one is running
+# The standard library's own probes of the machine (ctypes.util.find_library's `ldconfig -p`, platform's
+# `uname -p`, uuid's): no test starting a process, whoever imports them.
+_PROBES = {os.path.join(sysconfig.get_paths()["stdlib"], f) for f in ("ctypes/util.py", "platform.py", "uuid.py")}
+
+
+class SlowTestNotMarked(RuntimeError):
+    pass
+
+
+class _LaneGuard:
+    def __init__(self):
+        self.item = None  # the unmarked test being set up, run or torn down; None while a slow one is
+        self.fixtures: list = []  # the FixtureDefs whose set-up is running now (innermost last)
+        self.started: dict[tuple[str, str], str] = {}  # (fixture's baseid, name) -> what its set-up started
+        self.violations: list[str] = []
+
+    def check(self, what: str) -> None:
+        """Called by every guarded entry point before it starts `what`."""
+        if self.fixtures:
+            self.started.setdefault(_key(self.fixtures[-1]), what)
+        if self.item is None:
+            return
+        import traceback
+
+        if any(f.filename in _PROBES for f in traceback.extract_stack()[-8:]):
+            return
+        where = f" (in the set-up of fixture '{self.fixtures[-1].argname}')" if self.fixtures else ""
+        msg = (f"{self.item.nodeid}: this test {what}{where}: mark it @pytest.mark.slow (the fast lane, "
+               f"-m 'not slow', starts no process, vLLM engine or recipe)")
+        self.violations.append(msg)
+        raise SlowTestNotMarked(msg)
+
+
+_guard = _LaneGuard()
+
+
+def _key(fixturedef) -> tuple[str, str]:
+    """A fixture by where it is defined and its name: two modules' fixtures of one name are two fixtures."""
+    return fixturedef.baseid, fixturedef.argname
+
+
+def _shared_slow_fixtures(item) -> list[str]:
+    """What the fixtures `item` uses (its own definitions of them, overrides included) started, or stand for."""
+    info = getattr(item, "_fixtureinfo", None)
+    defs = {name: fds[-1] for name, fds in info.name2fixturedefs.items() if fds} if info is not None else {}
+    out = []
+    for name in item.fixturenames:
+        what = _guard.started.get(_key(defs[name])) if name in defs else None
+        if what is not None:
+            out.append(f"uses fixture '{name}', whose set-up {what.removeprefix('this test ')}")
+        elif name in ENGINE_FIXTURES:
+            out.append(f"uses fixture '{name}', which stands for a live vLLM engine")
+    return out
+
+
+def _wrap(owner, name: str, what):
+    """Replace `owner.name` by a function that first asks the guard; `what(*args, **kwargs)` describes it."""
+    import functools
+
+    original = getattr(owner, name)
+
+    @functools.wraps(original)
+    def guarded(*args, **kwargs):
+        _guard.check(what(*args, **kwargs))
+        return original(*args, **kwargs)
+
+    setattr(owner, name, guarded)
+
+
+def _command(args) -> str:
+    return " ".join(map(str, args)) if isinstance(args, (list, tuple)) else str(args)
+
+
+def _guard_vllm_llm(module) -> None:
+    _wrap(module.LLM, "__init__",
+          lambda self, *a, **k: f"starts a vLLM engine (vllm.LLM({k.get('model', a[0] if a else '')!s}))")
+
+
+def _guard_vllm_core(module) -> None:
+    _wrap(module.EngineCore, "__init__", lambda self, *a, **k: "starts a vLLM engine core (vllm EngineCore)")
+
+
+def _guard_recipes(module) -> None:
+    # every stage a recipe runs goes through `_execute` (longctx/recipe/run.py); if it is renamed, rename it here
+    assert hasattr(module, "_execute"), "tests/conftest.py guards longctx.recipe.run._execute: update the guard"
+    _wrap(module, "_execute", lambda *a, **k: f"runs a recipe stage "
+                                              f"({getattr(a[1] if len(a) > 1 else k.get('step'), 'label', '?')})")
+
+
+# modules guarded when (and if) they are imported: vLLM's import takes seconds, so never for the guard's sake
+_GUARDED_MODULES = {"vllm.entrypoints.llm": _guard_vllm_llm, "vllm.v1.engine.core": _guard_vllm_core,
+                    "longctx.recipe.run": _guard_recipes}
+
+
+class _GuardOnImport:
+    """A meta-path finder that finds nothing itself: it guards the modules of `_GUARDED_MODULES` once the other
+    finders' loaders executed them."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in _GUARDED_MODULES:
+            return None
+        import sys
+
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        execute = spec.loader.exec_module
+
+        def exec_module(module):
+            execute(module)
+            _GUARDED_MODULES[fullname](module)
+
+        spec.loader.exec_module = exec_module  # this spec's loader instance only
+        return spec
+
+
+def _install_guard() -> None:
+    import multiprocessing.process
+    import multiprocessing.util
+    import posix
+    import subprocess
+    import sys
+
+    _wrap(subprocess.Popen, "_execute_child", lambda self, args, *a, **k: f"starts a process ({_command(args)})")
+    _wrap(multiprocessing.process.BaseProcess, "start",
+          lambda self: f"starts a process (multiprocessing: {self.name}, target {getattr(self, '_target', None)})")
+    # how multiprocessing starts its resource tracker and forkserver (not through subprocess)
+    _wrap(multiprocessing.util, "spawnv_passfds", lambda path, args, *a: f"starts a process ({_command(args)})")
+    for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system"):
+        if hasattr(posix, name) and getattr(os, name) is getattr(posix, name):
+            # in posix, which os re-exports, as well: pickle finds `posix.system` by name (a test plants a pickle
+            # of it), and the wrapper, named as the function it wraps, must be what that name holds
+            _wrap(posix, name, lambda *a, _name=name, **k: f"starts a process (os.{_name} {_command(a[:2])})")
+            setattr(os, name, getattr(posix, name))
+    for module, guard in _GUARDED_MODULES.items():
+        if module in sys.modules:
+            guard(sys.modules[module])
+    sys.meta_path.insert(0, _GuardOnImport())
+
+
+def _is_slow(item) -> bool:
+    return item.get_closest_marker("slow") is not None
+
+
+@contextlib.contextmanager
+def _guarding(item):
+    """Guard an unmarked test while the block runs; fail it on any attempt, even one the code under test caught."""
+    _guard.item = None if _is_slow(item) else item
+    _guard.violations = []
+    try:
+        yield
+    finally:
+        violations, _guard.violations, _guard.item = _guard.violations, [], None
+        if violations:
+            raise SlowTestNotMarked("\n".join(dict.fromkeys(violations)))
+
+
+class _LanePlugin:
+    """The guard's hooks, registered as a plugin: a conftest's own hooks do not see the set-up of session
+    fixtures (pytest calls those on the session's hooks, which reach only the conftests at the root)."""
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(self, fixturedef, request):
+        _guard.fixtures.append(fixturedef)
+        try:
+            return (yield)
+        finally:
+            _guard.fixtures.pop()
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_setup(self, item):
+        with _guarding(item):
+            result = yield
+        if not _is_slow(item):
+            shared = _shared_slow_fixtures(item)
+            if shared:
+                raise SlowTestNotMarked(f"{item.nodeid}: this test {'; '.join(shared)}: mark it @pytest.mark.slow")
+        return result
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item):
+        with _guarding(item):
+            return (yield)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(self, item, nextitem):
+        with _guarding(item):
+            return (yield)
+
+
+def pytest_configure(config):
+    _install_guard()
+    config.pluginmanager.register(_LanePlugin(), "longctx-lanes")

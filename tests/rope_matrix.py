@@ -18,7 +18,7 @@ with the oracle the tests hold longctx to, written apart from longctx's own code
   arXiv 2309.00071 §3.2-3.4, with DeepSeek-V2's mscale / mscale_all_dim, arXiv 2405.04434 and its
   modeling_deepseek.py `yarn_get_mscale`), not longctx.checkpoint.yarn_reference (which longctx itself uses to
   write LongRoPE-form YaRN), so a mistake shared by longctx's writer and its reference cannot pass.
-- `render_architecture_table()`: the README's architecture table, from the matrix.
+- `render_architecture_table()`: the architecture table of docs/architectures.md, from the matrix.
 """
 
 from __future__ import annotations
@@ -341,6 +341,21 @@ def entries() -> dict[str, MatrixEntry]:
     return _entries()
 
 
+# The fast lane (`pytest -m "not slow"`) runs the matrix's tests on this sample only, the full lane on every entry:
+# each Hub layout (alone and as transformers saves it again) and, of the transformers-saved entries, one per row
+# group of the architecture table (mla, per-layer, scaled, hybrid, partial, sliding, plain), with gemma4_text
+# for a `yarn` refusal and gpt_oss (scaled) for an `extend` one.
+FAST_SAMPLE = ("deepseek_v3", "gemma3_text", "gemma4_text", "gpt_oss", "qwen3_next", "phi", "mistral", "llama")
+
+
+def lane_params(names) -> list:
+    """`names` as parametrize values: the entries outside the fast lane's sample marked slow."""
+    import pytest
+
+    return [n if n in FAST_SAMPLE or entries()[n].hub is not None else pytest.param(n, marks=pytest.mark.slow)
+            for n in names]
+
+
 # --- writing the checkpoints --------------------------------------------------------------------------------
 
 
@@ -648,9 +663,9 @@ def extend_refusal(oracle: Oracle) -> str | None:
     return f"{'/'.join(sorted(fitted))} is fitted to its base" if fitted else None
 
 
-# --- the README's architecture table ---------------------------------------------------------------------------
+# --- the architecture table of docs/architectures.md ----------------------------------------------------------
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ARCHITECTURES_DOC = Path(__file__).resolve().parent.parent / "docs" / "architectures.md"
 _TABLE_AFTER = "Architectures: every verb works on these"
 _HEADER = ("| architectures (transformers model types, each as transformers saves it) | RoPE as transformers builds it "
            "| `info` | `yarn --factor 4` | `extend --rope-base` |\n|---|---|---|---|---|")
@@ -709,8 +724,8 @@ def _cell(text: str) -> str:
 
 
 def render_architecture_table() -> str:
-    """The README's architecture table: a row per group of the transformers-saved entries (their model types
-    listed) and a row per family of Hub layouts (with their saved-again forms)."""
+    """The architecture table of docs/architectures.md: a row per group of the transformers-saved entries (their
+    model types listed) and a row per family of Hub layouts (with their saved-again forms)."""
     groups: dict[str, list[str]] = {}
     refused: dict[str, dict[str, str]] = {"yarn": {}, "extend": {}}
     for name, entry in entries().items():
@@ -739,24 +754,25 @@ def render_architecture_table() -> str:
     return "\n".join(rows)
 
 
-def readme_table(readme: Path = README) -> str:
-    """The table after the README's 'Architectures: every verb works on these' paragraph, as it stands."""
-    lines = readme.read_text(encoding="utf-8").splitlines()
+def docs_table(page: Path = ARCHITECTURES_DOC) -> str:
+    """The table after docs/architectures.md's 'Architectures: every verb works on these' paragraph, as it
+    stands."""
+    lines = page.read_text(encoding="utf-8").splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(_TABLE_AFTER))
     first = next(i for i in range(start, len(lines)) if lines[i].startswith("|"))
     last = next((i for i in range(first, len(lines)) if not lines[i].startswith("|")), len(lines))
     return "\n".join(lines[first:last])
 
 
-def write_readme_table(readme: Path = README) -> None:
-    """Replace the README's architecture table by `render_architecture_table()`."""
-    text = readme.read_text(encoding="utf-8")
-    old = readme_table(readme)
-    readme.write_text(text.replace(old, render_architecture_table(), 1), encoding="utf-8")
+def write_docs_table(page: Path = ARCHITECTURES_DOC) -> None:
+    """Replace docs/architectures.md's architecture table by `render_architecture_table()`."""
+    text = page.read_text(encoding="utf-8")
+    old = docs_table(page)
+    page.write_text(text.replace(old, render_architecture_table(), 1), encoding="utf-8")
 
 
-if __name__ == "__main__":  # .venv/bin/python tests/rope_matrix.py --write-readme
-    if sys.argv[1:] == ["--write-readme"]:
-        write_readme_table()
+if __name__ == "__main__":  # .venv/bin/python tests/rope_matrix.py --write-docs
+    if sys.argv[1:] == ["--write-docs"]:
+        write_docs_table()
     else:
         print(render_architecture_table())

@@ -1,8 +1,8 @@
 """Every architecture through every verb: tiny random Qwen3, Qwen2, Llama 3.1 (llama3 scaling), Mistral
 (sliding window), Gemma, Gemma-2 (alternating sliding layers, soft-capping) and Phi-3 checkpoints
 (tests/architectures.py) through `info`, `yarn`, `extend` and `ruler` (`sinks`: tests/test_sinks.py; the
-gated family: tests/test_gated_*.py): the README's `ruler` and `sinks` coverage under its architecture table
-(the table itself is the RoPE matrix, tests/test_rope_matrix.py).
+gated family: tests/test_gated_*.py): the `ruler` and `sinks` coverage docs/architectures.md states under
+its architecture table (the table itself is the RoPE matrix, tests/test_rope_matrix.py).
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ def test_yarn_writes_a_config_transformers_loads_as_asked(name, yarned):
 
 
 @pytest.mark.parametrize("name", NAMES)
+@pytest.mark.slow
 def test_extend_trains_every_architecture(name, architecture_checkpoint, tmp_path):
     from longctx.checkpoint.describe import describe
 
@@ -103,6 +104,7 @@ def _ruler(checkpoint, out, backend, engine=None):
 
 
 @pytest.mark.parametrize("name", NAMES)
+@pytest.mark.slow
 def test_ruler_hf_runs_every_architecture_past_its_trained_length(name, yarned, tmp_path):
     results, said = _ruler(yarned[name], tmp_path / "run", "hf")
     assert results["model"]["architecture"] == ARCHITECTURES[name][1]
@@ -158,6 +160,7 @@ def test_remote_code_is_refused_without_trust_remote_code(verb, remote_checkpoin
     assert not code_ran.exists() and not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_remote_code_runs_through_every_verb_with_trust_remote_code(remote_checkpoint, code_ran, tmp_path):
     from longctx.report.results import load_results
 

@@ -115,6 +115,7 @@ def test_gpu_only_attention_on_cpu_is_refused(tiny_checkpoint, tmp_path, choice,
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_the_choice_is_logged_and_recorded(tiny_checkpoint, tmp_path):
     r, out = _cli(tiny_checkpoint, tmp_path, "--attention", "sdpa", "--tokens-per-step", "512")
     assert r.exit_code == 0, (r.output, r.exception)
@@ -154,6 +155,7 @@ def _models(ckpt, device):
             for attn in ("sdpa", "flex_attention")}
 
 
+@pytest.mark.slow
 def test_flex_attention_masks_documents_like_sdpa(tiny_checkpoint):
     """The summed loss of a packed batch with flex_attention (transformers builds a BlockMask from the restarting
     position_ids) is SDPA's; without the restarts (one causal stream) it is another.

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from ruler_helpers import FIXTURE_DATA
+
 from longctx.eval.thinking import THINK_END, answer_after_thinking
 from ruler_tasks.errors import RulerInputError
 from ruler_tasks.prepare import load_tokenizer, prepare
@@ -125,6 +125,7 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_prepare_with_a_thinking_template(tok, tmp_path):
     _with(tok, QWEN3)
     out = tmp_path / "o"
@@ -165,6 +166,7 @@ def test_prepare_with_a_thinking_template(tok, tmp_path):
     assert not any(t.reused for t in r4.timings)
 
 
+@pytest.mark.slow
 def test_prepare_every_generator_splits_at_the_prefix(tok, tmp_path):
     """Thinking layout for each generator kind: `input + answer_prefix` is the whole prompt, cut where the
     (last) answer prefix starts, and the answer prefix is that prefix plus the generation prompt."""
@@ -184,6 +186,7 @@ def test_prepare_every_generator_splits_at_the_prefix(tok, tmp_path):
             assert rec["input"].count(ASSISTANT) == rec["input"].count("<think>") == shots
 
 
+@pytest.mark.slow
 def test_prepare_without_the_new_settings_keeps_its_request(reference_tokenizer_dir, tmp_path):
     args = dict(tasks=["niah_single_1"], samples=2, out_dir=tmp_path / "o", progress=False)
     prepare(reference_tokenizer_dir, [1024], **args)

@@ -32,6 +32,7 @@ def test_version():
     assert r.exit_code == 0 and __version__ in r.output
 
 
+@pytest.mark.slow
 def test_console_script_is_installed():
     exe = os.path.join(os.path.dirname(sys.executable), "longctx")
     r = subprocess.run([exe, "--help"], capture_output=True, text=True)

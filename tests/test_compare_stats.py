@@ -19,6 +19,9 @@ from longctx.report.results import load_results
 from longctx.report.samples import run_samples
 from longctx.report.settings import CompareSettings
 
+# every test compares the real RULER runs of the `runs` fixture (~20 s on 2 cores)
+pytestmark = pytest.mark.slow
+
 TASKS = "vt,fwe"
 
 

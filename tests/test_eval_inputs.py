@@ -75,6 +75,7 @@ def ruler_args(ckpt, out, *extra, lengths="1k", tasks="niah_single_1"):
 # --- 1. `ruler` refusals leave the run directory as it was ----------------------------------------------
 
 
+@pytest.mark.slow
 def test_ruler_refusing_missing_essay_data_makes_no_run_dir_and_binds_nothing(bos_checkpoint, tmp_path):
     out = tmp_path / "deep" / "run"
     r = run(*ruler_args(bos_checkpoint, out, "--seed", "3", tasks="niah_single_2"))
@@ -86,6 +87,7 @@ def test_ruler_refusing_missing_essay_data_makes_no_run_dir_and_binds_nothing(bo
     assert json.loads((out / "run.json").read_text())["binding"]["seed"] == 42
 
 
+@pytest.mark.slow
 def test_ruler_refusing_a_git_lfs_pointer_leaves_an_existing_run_dir_as_it_was(bos_checkpoint, tmp_path):
     out = tmp_path / "run"
     lfs = tmp_path / "essay.json"
@@ -99,6 +101,7 @@ def test_ruler_refusing_a_git_lfs_pointer_leaves_an_existing_run_dir_as_it_was(b
     assert snapshot(out) == before
 
 
+@pytest.mark.slow
 def test_ruler_refusing_a_sample_one_token_beyond_the_checkpoint_leaves_the_run_dir_as_it_was(bos_checkpoint,
                                                                                                  tmp_path):
     from longctx.eval.runner import run_ruler
@@ -408,6 +411,7 @@ def _modes(folder: Path) -> set[tuple[str, int]]:
     return {("dir" if p.is_dir() else "file", stat.S_IMODE(p.stat().st_mode)) for p in [folder, *folder.rglob("*")]}
 
 
+@pytest.mark.slow
 def test_ruler_task_files_predictions_and_reports_get_the_umask_mode(umask_022, bos_checkpoint, tmp_path):
     out = tmp_path / "run"
     assert run(*ruler_args(bos_checkpoint, out, tasks="niah_single_1,vt")).exit_code == 0

@@ -68,6 +68,7 @@ class Stop(Exception):
     pass
 
 
+@pytest.mark.slow
 def test_samples_sharing_upstreams_niah_index_all_get_predictions(ruler_checkpoint, tmp_path):
     """Upstream NIAH writes the answer's character offset as `index`; with seed 2 at 1k, samples 0 and 5
     share 1536. Keyed by that, one prediction would be lost; keyed by sample number, none is."""
@@ -82,6 +83,7 @@ def test_samples_sharing_upstreams_niah_index_all_get_predictions(ruler_checkpoi
         [x["outputs"] for x in lines(out / "tasks" / "1024" / "niah_single_1.jsonl")]
 
 
+@pytest.mark.slow
 def test_hf_run_resumes_without_loss_or_duplicates(ruler_checkpoint, tmp_path):
     out = tmp_path / "run"
     seen = []
@@ -154,6 +156,7 @@ def wait_for_a_prediction(proc: subprocess.Popen, pred: Path) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_one_writer_per_run_directory_and_a_killed_one_never_blocks(ruler_checkpoint, tmp_path):
     """A second `longctx ruler` into a run directory another one is writing is refused, naming the holder's
     pid; once that process is killed (kill -9: no cleanup), the same command continues its predictions."""
@@ -194,6 +197,7 @@ def test_one_writer_per_run_directory_and_a_killed_one_never_blocks(ruler_checkp
     assert json.loads((other / "scores.json").read_text())["scores"][0]["samples"] == 8
 
 
+@pytest.mark.slow
 def test_cli_run_default_command_and_bad_inputs(ruler_checkpoint, tmp_path, reference_tokenizer_dir):
     from longctx.init.presets import write_tiny_qwen3
 
@@ -233,6 +237,7 @@ def test_cli_run_default_command_and_bad_inputs(ruler_checkpoint, tmp_path, refe
     assert r.exit_code == 0 and "prepare" in r.output and "run" in r.output and "longctx ruler CKPT" in r.output
 
 
+@pytest.mark.slow
 def test_cli_engine_options_reach_vllm(ruler_checkpoint, tmp_path, monkeypatch):
     """`--tensor-parallel-size/--data-parallel-size/--dtype/--kv-cache-memory/--gpu-memory-utilization/
     --enforce-eager` arrive in `vllm.LLM(...)` under vLLM's own names (the engine is stopped at construction:
@@ -328,7 +333,7 @@ def readme_cpu_serve_command() -> tuple[dict[str, str], list[str]]:
     import re
     import shlex
 
-    text = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    text = (Path(__file__).parents[1] / "docs" / "ruler.md").read_text(encoding="utf-8")
     found = re.search(r"`(VLLM_CPU_KVCACHE_SPACE=[^`]*api_server[^`]*)`", text)
     assert found, "the README has no CPU serving line"
     words = shlex.split(found.group(1))
@@ -392,7 +397,7 @@ def test_vllm_backend_shuts_down_only_the_engine_it_started():
     Stand-in engines: what is checked is who owns the engine, not vLLM's shutdown itself."""
     from types import SimpleNamespace
 
-    from longctx.eval.backends import VllmBackend
+    from longctx.eval.backends.vllm import VllmBackend
 
     shut = []
 
@@ -413,7 +418,7 @@ def test_vllm_backend_shuts_down_only_the_engine_it_started():
 def test_engine_args_reach_a_real_engine_and_bind_the_run(ruler_checkpoint, tmp_path, vllm_engines):
     """`--engine-arg`s arrive in the engine vLLM builds, and a run directory is bound to those that change what
     the model computes (kv_cache_dtype), not to those that only schedule the work (max_num_seqs)."""
-    from longctx.eval.backends import VllmBackend
+    from longctx.eval.backends.vllm import VllmBackend
     from longctx.eval.engine_args import typed_engine_args
 
     vllm_engines.close()  # one engine at a time on 2 cores

@@ -66,6 +66,7 @@ def _weights(out: Path) -> dict[str, torch.Tensor]:
 # --- training end to end -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_extend_trains_and_writes_a_longer_checkpoint(checkpoints, cache, tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -108,6 +109,7 @@ class _Interrupted(Exception):
     pass
 
 
+@pytest.mark.slow
 def test_resume_after_interruption_equals_an_uninterrupted_run(checkpoints, cache, tmp_path, monkeypatch):
     s = dict(steps=5, save_every=2, micro_batch_size=1)
     straight = tmp_path / "straight"
@@ -152,6 +154,7 @@ def test_resume_after_interruption_equals_an_uninterrupted_run(checkpoints, cach
     assert torch.equal(_weights(resumed)["model.norm.weight"], b["model.norm.weight"])
 
 
+@pytest.mark.slow
 def test_gated_model_trains(checkpoints, cache, tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -290,6 +293,7 @@ def test_bad_input_is_one_line_exit_2_nothing_written(args, message, checkpoints
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_resume_with_other_settings_names_them_on_the_cli(checkpoints, cache, data_files, tmp_path):
     out = tmp_path / "out"
     argv = ["extend", str(checkpoints["baseline"]), "--rope-base", "1e5", "--seq-len", "512", "--data",

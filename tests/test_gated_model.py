@@ -14,6 +14,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from longctx.core.errors import InputError
+from longctx.init.presets import TINY_QWEN3
 from longctx.models.gated_qwen3 import (
     GatedQwen3Attention,
     GatedQwen3Config,
@@ -21,7 +22,6 @@ from longctx.models.gated_qwen3 import (
     record_gate_scores,
 )
 from longctx.models.variants import gate_flags
-from longctx.init.presets import TINY_QWEN3
 
 SMALL = {**TINY_QWEN3, "vocab_size": 512}
 GATED = ["elementwise", "headwise"]
@@ -196,6 +196,7 @@ IMPORTS = {
 
 
 @pytest.mark.parametrize("order", list(IMPORTS))
+@pytest.mark.slow
 def test_import_longctx_registers_auto_classes(order, tmp_path):
     _model("headwise").save_pretrained(tmp_path)
     code = (f"{IMPORTS[order]}\nfrom transformers import AutoModelForCausalLM\n"
@@ -206,6 +207,7 @@ def test_import_longctx_registers_auto_classes(order, tmp_path):
     assert r.stdout.split() == ["GatedQwen3ForCausalLM", "headwise"]
 
 
+@pytest.mark.slow
 def test_import_longctx_stays_light():
     code = "import sys, longctx; print('transformers' in sys.modules, 'torch' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

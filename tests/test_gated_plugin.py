@@ -4,6 +4,7 @@ import subprocess
 import sys
 from importlib.metadata import entry_points
 
+import pytest
 from conftest import require_vllm
 
 
@@ -12,6 +13,7 @@ def test_entry_point_is_installed():
     assert eps.get("longctx_gated_qwen3") == "longctx.models.plugin:register"
 
 
+@pytest.mark.slow
 def test_vllm_loads_the_plugin_lazily_and_idempotently():
     """vLLM calls register() in every process, maybe more than once; the model module loads only on use."""
     require_vllm()

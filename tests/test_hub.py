@@ -87,6 +87,7 @@ def test_yarn_of_a_hub_id_records_the_commit_and_writes_beside_the_user(hub, tmp
     assert sorted(str(p) for p in hub.rglob("*")) == before
 
 
+@pytest.mark.slow
 def test_sinks_results_name_the_hub_model(hub, tmp_path):
     r = run("sinks", "org/multi/1B_baseline", "--tokens", "256", "-o", tmp_path / "s")
     assert r.exit_code == 0, r.output
@@ -115,6 +116,7 @@ def test_a_local_folder_wins_over_a_hub_id_of_the_same_name(hub, tmp_path, tiny_
     assert json.loads(r.output)["hub"] is None
 
 
+@pytest.mark.slow
 def test_ruler_prepare_takes_a_hub_tokenizer(hub, tmp_path):
     r = run("ruler", "prepare", "--tokenizer", "org/tiny", "--lengths", "1k", "--tasks", "vt", "--samples", "1",
             "-o", tmp_path / "tasks")
@@ -135,6 +137,7 @@ def test_convert_takes_a_hub_id(hub, tmp_path):
                                   "subfolder": "1B_gate_headwise"}
 
 
+@pytest.mark.slow
 def test_ruler_results_record_the_hub_commit(hub, tmp_path, tiny_checkpoint):
     long = tmp_path / "long"
     shutil.copytree(tiny_checkpoint, long)
@@ -150,6 +153,7 @@ def test_ruler_results_record_the_hub_commit(hub, tmp_path, tiny_checkpoint):
         assert model["name"] == "long"
 
 
+@pytest.mark.slow
 def test_a_recipe_takes_a_hub_checkpoint(hub, tmp_path):
     import yaml
 
@@ -178,6 +182,7 @@ def test_init_takes_a_hub_tokenizer(hub, tmp_path):
 
 
 @pytest.mark.parametrize("verb", ["init", "ruler prepare"])
+@pytest.mark.slow
 def test_a_hub_tokenizer_is_fetched_without_the_weights(verb, hub, tmp_path, monkeypatch):
     """Only tokenizer files and config.json are asked of the Hub (the real snapshot_download, offline here,
     sees the patterns it would download with): a model repo's weights are not needed to tokenize."""
@@ -204,6 +209,7 @@ def test_a_hub_tokenizer_is_fetched_without_the_weights(verb, hub, tmp_path, mon
     assert not any(f.endswith(".safetensors") for f in fetched) and any(f.endswith(".safetensors") for f in files)
 
 
+@pytest.mark.slow
 def test_extend_trains_a_hub_checkpoint(hub, tmp_path):
     r = run("extend", "org/tiny@" + OTHER, "--rope-base", "1e5", "--seq-len", 512, "--data", "synthetic:mixed",
             "--steps", 1, "--tokens-per-step", 512, "--cache-dir", tmp_path / "cache", "-o", tmp_path / "ext")

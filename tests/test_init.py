@@ -17,6 +17,7 @@ def run(*args):
 
 
 @pytest.mark.parametrize("attention", ["baseline", "elementwise", "headwise"])
+@pytest.mark.slow
 def test_init_tiny_writes_a_loadable_checkpoint(attention, tmp_path, reference_tokenizer_dir):
     out = tmp_path / "ckpt"
     r = run("init", out, "--preset", "tiny", "--attention", attention, "--tokenizer", reference_tokenizer_dir)
@@ -52,6 +53,7 @@ def test_init_tiny_writes_a_loadable_checkpoint(attention, tmp_path, reference_t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
 
 
+@pytest.mark.slow
 def test_seed_makes_init_reproducible(tmp_path, reference_tokenizer_dir):
     for name, seed in (("a", 1), ("b", 1), ("c", 2)):
         assert run("init", tmp_path / name, "--preset", "tiny", "--attention", "headwise", "--tokenizer",
@@ -76,6 +78,7 @@ def test_bpe_tokenizer_trained_on_the_spot(tmp_path):
                "--vocab-size", 300, "--bpe-corpus", corpus).exit_code == 0
 
 
+@pytest.mark.slow
 def test_reference_tokenizer_is_the_default(tmp_path, reference_tokenizer_dir):
     r = run("init", tmp_path / "ref", "--preset", "tiny", "--attention", "baseline")
     assert r.exit_code == 0, r.output

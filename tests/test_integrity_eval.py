@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from http_helpers import send
+
 from longctx.cli.main import cli
 from longctx.core.errors import InputError
 from longctx.eval.binding import RUN_FILE
@@ -196,6 +196,7 @@ SECRET_CASES = [
 
 
 @pytest.mark.parametrize("name,options,extra,error", SECRET_CASES, ids=[c[0] for c in SECRET_CASES])
+@pytest.mark.slow
 def test_no_secret_of_the_url_is_stored_or_printed(name, options, extra, error, serve, ckpt, tmp_path):
     options = dict(options)
     after = options.pop("after", None)
@@ -226,6 +227,7 @@ def test_no_secret_of_the_url_is_stored_or_printed(name, options, extra, error, 
         assert not out.exists()
 
 
+@pytest.mark.slow
 def test_the_credential_is_named_and_one_rule_decides_between_key_and_user_info(serve, ckpt, tmp_path,
                                                                                  monkeypatch):
     server = serve(cards=card(ckpt), auth=[f"Bearer {KEY}"])
@@ -249,7 +251,7 @@ def test_the_credential_is_named_and_one_rule_decides_between_key_and_user_info(
 
 def test_a_secret_the_server_echoes_is_masked_in_every_failure(serve):
     """Backend level: the exception texts themselves, for each way a server fails."""
-    from longctx.eval.openai_backend import OpenAIBackend
+    from longctx.eval.backends.openai import OpenAIBackend
 
     def trickle(h):
         h.send_response(200)
@@ -292,6 +294,7 @@ def vt_score(out: Path) -> float:
     return next(row["score"] for row in json.loads((out / "scores.json").read_text())["scores"] if row["task"] == "vt")
 
 
+@pytest.mark.slow
 def test_a_score_comes_from_the_task_file_and_predictions_of_its_prompts(serve, ckpt, tmp_path):
     from longctx.report.results import load_results
     from longctx.report.run import write_report
@@ -399,8 +402,9 @@ BOUND_CASES = [
 
 
 @pytest.mark.parametrize("name,path,how,said", BOUND_CASES, ids=[c[0] for c in BOUND_CASES])
+@pytest.mark.slow
 def test_every_answer_of_an_endpoint_is_bounded(name, path, how, said, serve):
-    from longctx.eval.openai_backend import OpenAIBackend
+    from longctx.eval.backends.openai import OpenAIBackend
 
     server = serve(cards=[{"id": "tiny", "root": "/x"}], plan=lambda p, n: how if p == path else None)
     b = OpenAIBackend(server.url, checkpoint="/x", checkpoint_dir="/x", max_model_len=10, retries=0, timeout=1.0)
@@ -412,8 +416,8 @@ def test_every_answer_of_an_endpoint_is_bounded(name, path, how, said, serve):
 
 
 def test_a_long_wait_before_retrying_a_completion_is_said(serve, monkeypatch):
-    from longctx.eval import openai_backend
-    from longctx.eval.openai_backend import OpenAIBackend
+    from longctx.eval.backends import openai as openai_backend
+    from longctx.eval.backends.openai import OpenAIBackend
 
     monkeypatch.setattr(openai_backend, "LONG_WAIT_S", 0.5)
     monkeypatch.setattr(openai_backend, "MAX_RETRY_AFTER_S", 1.0)
@@ -450,6 +454,7 @@ def looping_checkpoint(ckpt, tmp_path) -> Path:
 
 
 @pytest.mark.parametrize("verb", ["prepare", "run"])
+@pytest.mark.slow
 def test_a_chat_template_that_would_render_forever_is_stopped_at_the_limit(verb, looping_checkpoint, tmp_path,
                                                                          monkeypatch):
     from ruler_tasks import templates
@@ -484,9 +489,9 @@ BACKEND_CASES = {"hf": [], "vllm": [], "openai": ["--base-url", "SERVER"]}
 
 
 def test_every_backend_is_in_the_weights_table():
-    from longctx.eval.settings import BACKENDS
+    from longctx.eval.backends import registry
 
-    assert set(BACKEND_CASES) == set(BACKENDS)
+    assert set(BACKEND_CASES) == set(registry())
 
 
 @pytest.mark.parametrize("backend", sorted(BACKEND_CASES))

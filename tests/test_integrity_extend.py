@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-
 from conftest import mark_unread
+
 from longctx.cli.main import cli
 from longctx.core.locks import OutputLock
 from longctx.extend import loop
@@ -150,6 +150,7 @@ def _rewrite_metadata(dcp: Path, relative_path: str) -> None:
 
 
 @pytest.mark.parametrize("where", ["relative", "absolute"])
+@pytest.mark.slow
 def test_dcp_metadata_naming_a_file_outside_the_step_is_refused_unread(saved, tmp_path, reads_show, where):
     """The shard moved out of the step folder and the metadata pointed at it: a reader that followed the metadata
     would train from it."""
@@ -167,6 +168,7 @@ def test_dcp_metadata_naming_a_file_outside_the_step_is_refused_unread(saved, tm
 @pytest.mark.parametrize("link", [STEP, f"{STEP}/dcp", f"{STEP}/dcp/.metadata", f"{STEP}/dcp/__0_0.distcp",
                                   f"{STEP}/state.json", f"{STEP}/scheduler.pt", f"{STEP}/rng-0.pt", "settings.json",
                                   "train_log.jsonl"])
+@pytest.mark.slow
 def test_a_link_out_of_the_work_folder_is_refused_unread(saved, tmp_path, reads_show, link):
     """Any entry of the work folder a resume reads, moved elsewhere and replaced by a symbolic link to it."""
     argv, work = saved
@@ -182,6 +184,7 @@ def test_a_link_out_of_the_work_folder_is_refused_unread(saved, tmp_path, reads_
 
 
 @pytest.mark.parametrize("flag", ["--resume", "--overwrite"])
+@pytest.mark.slow
 def test_a_work_folder_that_is_a_link_is_refused_and_left_alone(saved, tmp_path, flag):
     argv, work = saved
     elsewhere = tmp_path / "elsewhere.train"
@@ -282,6 +285,7 @@ def test_every_file_of_a_step_folder_is_in_the_table():
 
 
 @pytest.mark.parametrize("name, damage, how, message", DAMAGES, ids=[f"{f}-{d}" for f, d, *_ in DAMAGES])
+@pytest.mark.slow
 def test_a_damaged_resume_file_is_one_line_and_changes_nothing(saved, name, damage, how, message):
     argv, work = saved
     how(work / name)
@@ -289,12 +293,14 @@ def test_a_damaged_resume_file_is_one_line_and_changes_nothing(saved, name, dama
 
 
 @pytest.mark.parametrize("name", MISSING)
+@pytest.mark.slow
 def test_a_missing_resume_file_is_one_line_and_changes_nothing(saved, name):
     argv, work = saved
     (work / name).unlink()
     resume_refused(argv, work, str(work / name), "is missing")
 
 
+@pytest.mark.slow
 def test_a_state_beyond_the_plan_is_refused(saved):
     """step 999 in a folder of that name: no longer a mismatch of the two, but past the run's 3 steps (today it
     would 'finish' with the log of 2 real steps)."""
@@ -305,6 +311,7 @@ def test_a_state_beyond_the_plan_is_refused(saved):
     resume_refused(argv, work, str(far / "state.json"), "after step 999, but this run has 3 steps")
 
 
+@pytest.mark.slow
 def test_an_intact_resume_redoes_the_logged_step_after_the_save(saved):
     """The control of the table: the same copy, undamaged, resumes from step 2, redoes step 3 and logs 1, 2, 3."""
     argv, work = saved
@@ -339,6 +346,7 @@ def _logged_steps(log: Path) -> list[int]:
     return [json.loads(x)["step"] for x in log.read_text().splitlines()] if log.is_file() else []
 
 
+@pytest.mark.slow
 def test_a_second_run_into_the_same_output_is_refused_while_the_first_finishes_intact(ckpt, tmp_path):
     (tmp_path / "runs").mkdir()
     out, cache = tmp_path / "runs" / "out", tmp_path / "cache"
@@ -365,6 +373,7 @@ def test_a_second_run_into_the_same_output_is_refused_while_the_first_finishes_i
     assert sorted(p.name for p in out.parent.iterdir()) == ["out", "out.train"]  # no lock file left
 
 
+@pytest.mark.slow
 def test_a_killed_run_does_not_block_its_resume(ckpt, tmp_path):
     (tmp_path / "runs").mkdir()
     out, cache = tmp_path / "runs" / "out", tmp_path / "cache"
@@ -427,6 +436,7 @@ def small_disk(tmp_path):
         subprocess.run(["umount", str(d)], check=True)
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_a_save_keeps_the_last_state_and_leaves_no_temporary(ckpt, tmp_path, small_disk):
     """A step folder is ~7 MB here: on 10 MB the save after step 1 fits, the one after step 2 (while step 1's is
     still there) does not."""
@@ -449,6 +459,7 @@ def test_a_full_disk_during_a_save_keeps_the_last_state_and_leaves_no_temporary(
     assert _logged_steps(disk / "out" / "train_log.jsonl") == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_writing_the_output_keeps_the_trained_state(ckpt, tmp_path, small_disk):
     """On 8 MB the final state (~7 MB) fits and the output checkpoint (~2 MB) does not."""
     mount, grow = small_disk
@@ -477,7 +488,8 @@ def _with_config(ckpt: Path, root: Path, **changes) -> Path:
     return copy
 
 
-@pytest.mark.parametrize("case", ["integer dtype", "unknown dtype", "name too long", "read-only place"])
+@pytest.mark.parametrize("case", ["integer dtype", "unknown dtype", "name too long",
+                                  pytest.param("read-only place", marks=pytest.mark.slow)])  # mount: a process
 def test_what_the_output_would_refuse_is_refused_before_training(ckpt, tmp_path, case):
     source, out = ckpt, tmp_path / "place" / "out"
     out.parent.mkdir()
@@ -518,6 +530,7 @@ def big_corpus(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_a_budget_smaller_than_the_corpus_trains_no_padding(ckpt, big_corpus, tmp_path):
     out = tmp_path / "out"
     args = [a if a != "synthetic:mixed" else str(big_corpus) for a in ARGS]
@@ -529,6 +542,7 @@ def test_a_budget_smaller_than_the_corpus_trains_no_padding(ckpt, big_corpus, tm
     assert "into 2 sequences of 512 tokens (0.0% padding)" in r.output
 
 
+@pytest.mark.slow
 def test_split_packing_cuts_the_stream_at_the_budget(ckpt, big_corpus, tmp_path):
     """Every sequence full, every token of them from the corpus once, as many sequences as the budget holds."""
     from transformers import AutoTokenizer

@@ -177,17 +177,20 @@ def _refused(verb: str, world: Path, disk: Path, message: str) -> None:
 
 
 @pytest.mark.parametrize("verb", _params())
+@pytest.mark.slow
 def test_read_only_output_is_one_line_and_leaves_nothing(verb, environment, read_only):
     _refused(verb, environment, read_only, "Read-only file system")
 
 
 @pytest.mark.parametrize("verb", _params())
+@pytest.mark.slow
 def test_full_disk_is_one_line_and_leaves_nothing(verb, environment, full_disk):
     _refused(verb, environment, full_disk, "No space left on device")
 
 
 @pytest.mark.parametrize("verb,leave", [("yarn", 64 << 10), ("init", 64 << 10), ("convert", 64 << 10),
                                         ("ruler prepare", 16 << 10)])
+@pytest.mark.slow
 def test_disk_filling_up_half_way_leaves_nothing(verb, leave, environment, tmp_path):
     """The disk fills while the verb writes (some files fit, the weights or task files do not): its writer's
     temporaries go, and nothing stays."""
@@ -200,6 +203,7 @@ def test_disk_filling_up_half_way_leaves_nothing(verb, leave, environment, tmp_p
         _unmount(where)
 
 
+@pytest.mark.slow
 def test_a_ruler_run_on_a_disk_filling_up_keeps_only_whole_files_and_resumes(environment, tmp_path):
     """RULER is resumable: what it finished before the disk filled may stay, but whole (every JSON file and
     JSONL line parses), with no temporaries and no empty folders; with space freed, the same command

@@ -19,8 +19,8 @@ import click
 import pytest
 import yaml
 from click.testing import CliRunner
-
 from conftest import mark_unread
+
 from longctx.cli.main import cli
 
 RULER = ["--lengths", "1k", "--tasks", "niah_single_1", "--samples", "1"]
@@ -287,6 +287,7 @@ def test_a_tokenizer_that_needs_its_code_is_refused_without_trust_remote_code(
 
 
 @pytest.mark.parametrize("verb", TRUSTED_RUNS)
+@pytest.mark.slow
 def test_with_trust_remote_code_the_tokenizer_code_runs(verb, custom_tokenizer_checkpoint, code_ran, tmp_path):
     r = run(*TOKENIZER_VERBS[verb](custom_tokenizer_checkpoint, tmp_path / "out", tmp_path), "--trust-remote-code")
     assert r.exit_code == 0, (r.output, r.exception)

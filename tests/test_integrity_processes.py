@@ -116,6 +116,7 @@ def corpus(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_killing_extend_while_it_tokenizes_leaves_no_worker(tiny_checkpoint, corpus, tmp_path):
     mark = uuid.uuid4().hex
     out = tmp_path / "out"
@@ -150,6 +151,7 @@ time.sleep(3600)
 """
 
 
+@pytest.mark.slow
 def test_the_next_writer_kills_what_a_dead_holder_left_running(tmp_path):
     out = tmp_path / "out"
     left, bystander = (subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"]) for _ in range(2))

@@ -167,6 +167,7 @@ def hold(out: Path) -> subprocess.Popen:
 
 
 @pytest.mark.parametrize("verb", cases())
+@pytest.mark.slow
 def test_an_output_another_process_writes_is_refused_naming_it(verb, world, tmp_path):
     out = tmp_path / "out.json" if verb == "export lm-eval" else tmp_path / "out"
     holder = hold(out)
@@ -182,6 +183,7 @@ def test_an_output_another_process_writes_is_refused_naming_it(verb, world, tmp_
 
 
 @pytest.mark.parametrize("verb", cases(slow_ones=SLOW))
+@pytest.mark.slow
 def test_a_lock_left_by_a_killed_process_never_blocks(verb, world, tmp_path):
     out = tmp_path / "out.json" if verb == "export lm-eval" else tmp_path / "out"
     holder = hold(out)
@@ -204,6 +206,7 @@ def holds(lock: Path, pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_two_writers_into_one_output_exactly_one_writes(world, tmp_path):
     """Two `ruler prepare` processes into one -o: the second, started while the first is writing (held there
     with SIGSTOP, so that the two overlap whatever the machine's speed), is refused naming the first and writes

@@ -12,11 +12,11 @@ from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-
 from http_helpers import send
+
 from longctx.core.errors import InputError
+from longctx.eval.backends.openai import MAX_RETRY_AFTER_S, OpenAIBackend, retry_after
 from longctx.eval.request import Request
-from longctx.eval.openai_backend import MAX_RETRY_AFTER_S, OpenAIBackend, retry_after
 
 CKPT = "runs/tiny-yarn"
 CKPT_DIR = "/data/checkpoints/tiny-yarn"

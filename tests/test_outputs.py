@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -86,6 +87,7 @@ def test_yarn_into_the_current_directory_is_refused(tiny_checkpoint, tmp_path, m
     assert here.is_dir() and [p.name for p in here.iterdir()] == [OWNER_FILE]
 
 
+@pytest.mark.slow
 def test_a_verb_that_only_adds_files_may_write_into_the_current_directory(tiny_checkpoint, tmp_path, monkeypatch):
     here = tmp_path / "report"
     here.mkdir()
@@ -101,6 +103,7 @@ def test_an_empty_folder_is_a_valid_output(tiny_checkpoint, tmp_path):
     assert output_kind(tmp_path / "empty") == "checkpoint"
 
 
+@pytest.mark.slow
 def test_leftovers_of_a_killed_writer_are_removed_by_the_next_one(tmp_path):
     host, dead = socket.gethostname(), _dead_pid()
     stale_dir = tmp_path / f".out.tmp-{host}-{dead}-abc123"

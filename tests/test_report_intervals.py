@@ -41,6 +41,7 @@ def _copy(run, tmp_path):
     return shutil.copytree(run, tmp_path / "run")
 
 
+@pytest.mark.slow
 def test_a_real_run_has_an_interval_for_every_cell_and_length(tiny_run, tmp_path):
     d = _copy(tiny_run, tmp_path)
     rep = write_report(d, plot=HAS_MATPLOTLIB)
@@ -81,6 +82,7 @@ def test_a_real_run_has_an_interval_for_every_cell_and_length(tiny_run, tmp_path
     assert "95% interval" in (d / "results.md").read_text()
 
 
+@pytest.mark.slow
 def test_predictions_that_are_not_the_scores_give_no_intervals(tiny_run, tmp_path):
     d = _copy(tiny_run, tmp_path)
     score = json.loads((d / "scores.json").read_text())

@@ -23,6 +23,9 @@ from longctx.extend.loop import work_dir
 from longctx.init.checkpoint import init_checkpoint
 from longctx.init.settings import InitSettings
 
+# every test resumes a real `extend` run (its tokenize workers are processes)
+pytestmark = pytest.mark.slow
+
 
 class _Interrupted(Exception):
     pass

@@ -445,6 +445,7 @@ def _extend(src: Path, out: Path, tmp_path: Path, base="2e6"):
 
 
 @pytest.mark.parametrize("form", ["hub", "v5"])
+@pytest.mark.slow
 def test_extend_gemma3_rebases_the_global_layers_only_and_keeps_the_form(form, gemma3_weights, tmp_path):
     r = _extend(gemma3_weights[form], tmp_path / "ext", tmp_path)
     assert r.exit_code == 0, r.output
@@ -487,10 +488,10 @@ def test_extend_checks_the_built_module_before_training(gemma3_weights):
 def test_extend_says_the_new_base_cannot_reach_cohere2_full_layers(layouts, reference_tokenizer_dir, tmp_path):
     import contextlib
 
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     from longctx.extend.loop import _validate
     from longctx.extend.settings import ExtendSettings
-
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     src = tmp_path / "cohere2"
     AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(layouts["cohere2"])).save_pretrained(src)
@@ -511,7 +512,8 @@ def test_extend_says_the_new_base_cannot_reach_cohere2_full_layers(layouts, refe
 
 @pytest.mark.parametrize("at_main", [True, False])
 def test_suggested_yarn_command_names_the_hub_id(at_main, tmp_path):
-    from longctx.checkpoint.rope import check_context, read_rope
+    from longctx.checkpoint.rope import read_rope
+    from longctx.checkpoint.rope_settings import check_context
 
     commit = "a" * 40
     repo = tmp_path / "hub" / "models--org--tiny"

@@ -12,7 +12,7 @@ layout of the families whose configs carry RoPE in their own keys (Gemma-3's v4 
 - `extend --rope-base 1e6` checks, before any training, a config whose rotary modules compute the new base in
   those layers (or refuses a YaRN-scaled checkpoint, before training); a sample trains one real step;
 - (slow) vLLM computes the same prompt log-probs as transformers on a sample of YaRN-scaled ones.
-The README's architecture table is rendered from this matrix (`render_architecture_table`).
+The architecture table of docs/architectures.md is rendered from this matrix (`render_architecture_table`).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from rope_matrix import (
     entries,
     excluded_model_types,
     extend_refusal,
+    lane_params,
     long_context_layer_type,
     mla_softmax_scale,
     rope_inv_freq,
@@ -102,7 +103,7 @@ def test_matrix_covers_every_rope_architecture_or_says_why_not():
     assert {n for n in NAMES if n.endswith("-hub-saved")} == {f"{n}-saved" for n in HUB_LAYOUTS}
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", lane_params(NAMES))
 def test_every_entry_builds_a_rotary_module_whose_rope_is_the_formula(name, matrix):
     """The oracle's own check: each rotary module of each checkpoint computes what the formulas here say of
     its standardised parameters (so the formulas are fit to hold the verbs' outputs to)."""
@@ -154,7 +155,7 @@ def _close(a, b) -> bool:
     return a == b
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", lane_params(NAMES))
 def test_info_reports_per_layer_type_the_rope_transformers_builds(name, matrix):
     path = matrix.path(name)
     r = run("info", path, "--json")
@@ -268,7 +269,7 @@ def _yarn_reference(expected: dict, head_dim: int):
     return inv, yarn_attention_factor(expected["factor"], expected.get("mscale"), expected.get("mscale_all_dim"))
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", lane_params(NAMES))
 def test_yarn_writes_yarn_in_the_layers_that_see_the_whole_sequence(name, matrix, yarned):
     src = matrix.path(name)
     r, out = yarned(name)
@@ -299,8 +300,8 @@ def test_yarn_writes_yarn_in_the_layers_that_see_the_whole_sequence(name, matrix
         assert all(math.isclose(s, scale, rel_tol=1e-6) for s in after.softmax_scales), (name, after.softmax_scales)
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if n.endswith(("-hub", "-hub-saved"))
-                                  or n in ("gemma3_text", "modernbert-decoder", "gemma3n_text")])
+@pytest.mark.parametrize("name", lane_params([n for n in NAMES if n.endswith(("-hub", "-hub-saved"))
+                                              or n in ("gemma3_text", "modernbert-decoder", "gemma3n_text")]))
 def test_yarn_keeps_the_form_transformers_reads(name, matrix, yarned):
     """Per-layer forms stay per layer: Gemma-3's Hub keys (rope_scaling for the global layers beside
     rope_local_base_freq), transformers 5's per-layer-type rope_parameters; transformers builds the written
@@ -358,7 +359,7 @@ def _check_rebased(name: str, before, after) -> None:
             assert torch.equal(new.inv_freq, rotary.inv_freq), (name, rotary.layer_type, new.parameters)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", lane_params(NAMES))
 def test_extend_checks_the_new_base_before_training(name, matrix, tmp_path):
     """extend's checks before any work (`longctx.extend.loop._validate`): the config it will write, built by
     transformers, has the new base where it should; or a one-line refusal, with nothing written."""
@@ -381,6 +382,7 @@ def test_extend_checks_the_new_base_before_training(name, matrix, tmp_path):
 
 
 @pytest.mark.parametrize("name", EXTEND_SAMPLE)
+@pytest.mark.slow
 def test_extend_trains_one_step_with_the_new_base(name, matrix, tmp_path):
     src, out = matrix.path(name), tmp_path / "ext"
     r = run("extend", src, "--rope-base", NEW_BASE, "--seq-len", SEQ_LEN, "--data", "synthetic:mixed", "--steps", 1,
@@ -459,12 +461,12 @@ def test_every_verb_is_in_the_matrix_or_says_why_not():
     assert not set(VERBS) & set(EXEMPT)
 
 
-# --- the README's table ----------------------------------------------------------------------------------------
+# --- the docs' architecture table ------------------------------------------------------------------------------
 
 
-def test_readme_architecture_table_is_the_matrix():
-    from rope_matrix import readme_table, render_architecture_table
+def test_docs_architecture_table_is_the_matrix():
+    from rope_matrix import docs_table, render_architecture_table
 
-    assert readme_table() == render_architecture_table(), (
-        "README.md's architecture table differs from the matrix; regenerate it: "
-        ".venv/bin/python tests/rope_matrix.py --write-readme")
+    assert docs_table() == render_architecture_table(), (
+        "docs/architectures.md's architecture table differs from the matrix; regenerate it: "
+        ".venv/bin/python tests/rope_matrix.py --write-docs")

@@ -40,6 +40,7 @@ def qwen3_chat_checkpoint(tmp_path_factory, reference_tokenizer_dir):
     return ck
 
 
+@pytest.mark.slow
 def test_a_thinking_model_gets_a_budget_and_its_chat_settings_bind_the_run(qwen3_chat_checkpoint, tmp_path):
     ck = qwen3_chat_checkpoint
     out = tmp_path / "think"
@@ -88,6 +89,7 @@ def _server_for(serve, ck, **kwargs):  # noqa: F811 - `serve` is the fixture
     return serve(cards=kwargs.pop("cards", [{"id": "tiny", "root": str(ck), "max_model_len": 4096}]), **kwargs)
 
 
+@pytest.mark.slow
 def test_a_thinking_answer_from_a_server_is_the_text_after_the_thought(qwen3_chat_checkpoint, tmp_path,
                                                                        serve):  # noqa: F811
     reply = "<think>\nThe chain starts at VAR A = 1.</think>\n\nThe variables are: A B C"
@@ -101,6 +103,7 @@ def test_a_thinking_answer_from_a_server_is_the_text_after_the_thought(qwen3_cha
     assert json.loads((out / "scores.json").read_text())["scores"][0]["unfinished_thinking"] == 0
 
 
+@pytest.mark.slow
 def test_a_server_is_checked_first_and_bound_and_a_failure_keeps_what_was_made(qwen3_chat_checkpoint, tmp_path,
                                                                               serve):  # noqa: F811
     ck = qwen3_chat_checkpoint

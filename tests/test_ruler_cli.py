@@ -13,6 +13,7 @@ def run(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
+@pytest.mark.slow
 def test_prepare_writes_task_files_and_reuses_them(reference_tokenizer_dir, tmp_path):
     out = tmp_path / "tasks"
     args = ["ruler", "prepare", "--tokenizer", reference_tokenizer_dir, "--lengths", "2k,3000", "--tasks",

@@ -47,6 +47,7 @@ def ref_tok(reference_tokenizer_dir):
     return AutoTokenizer.from_pretrained(reference_tokenizer_dir)
 
 
+@pytest.mark.slow
 def test_metaspace_strategy_selected(ref_tok):
     c = TokenCounter(ref_tok)
     assert c.strategy == "metaspace"
@@ -57,6 +58,7 @@ def test_metaspace_counts_equal_full_tokenization(ref_tok):
     _check(TokenCounter(ref_tok), ref_tok, 600, seed=1)
 
 
+@pytest.mark.slow
 def test_metaspace_noise_haystack_and_special_tokens(ref_tok):
     c = TokenCounter(ref_tok)
     parts = ["A special magic number is hidden.\n", Join("\n", [NOISE] * 3000 + ["One of the x-y is: 1."]),
@@ -142,6 +144,7 @@ def _rand_field(r: random.Random) -> str:
     return "".join(r.choice("0123456789abcdef-") for _ in range(r.randint(1, 12)))
 
 
+@pytest.mark.slow
 def test_bulk_and_word_counts_equal_full_tokenization(ref_tok):
     c = TokenCounter(ref_tok)
     assert c._cut_all is not None and c._zero is not None  # the Mistral vocabulary allows both
@@ -178,6 +181,7 @@ def test_rows_count_equal_full_tokenization(ref_tok):
         assert c.count_prefix(parts, n) == len(ref_tok.tokenize(text[:n])), (lit, rows, sep, n)
 
 
+@pytest.mark.slow
 def test_rows_with_other_tokenizer_families(ref_tok):
     from ruler_tasks.text import Rows
 
@@ -196,6 +200,7 @@ def test_bulk_count_wrong_piece_is_caught(ref_tok, monkeypatch):
     assert c._c_sum(strings) == right + 5
 
 
+@pytest.mark.slow
 def test_rows_digit_columns_and_bulk_paths_equal_full_tokenization(ref_tok):
     """The Rows digit-column shortcut (ASCII digits only), digits cut out in `_c_sum`, and the
     `clean` rest after strings with an unsafe pair around a cut char: all against full tokenization."""
@@ -228,6 +233,7 @@ def test_rows_digit_columns_and_bulk_paths_equal_full_tokenization(ref_tok):
         assert c._c_sum(strings) == len(ref_tok.tokenize("\n" + "".join(strings))) - nl
 
 
+@pytest.mark.slow
 def test_digit_column_shortcut_is_used(ref_tok):
     """A column of ASCII-digit fields never reaches `_c_sum` (the shortcut is really taken)."""
     from ruler_tasks.text import Rows
@@ -241,6 +247,7 @@ def test_digit_column_shortcut_is_used(ref_tok):
     assert seen == [" ab", " cd"]
 
 
+@pytest.mark.slow
 def test_rows_prefix_reuses_block_sums_exactly(ref_tok):
     """`count_prefix` of a large Rows just counted reuses its block sums (`_rows_fields`): every cut
     point, and rows that only look like a prefix (same length, one field changed), match full tokenization."""

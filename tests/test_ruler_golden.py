@@ -12,8 +12,8 @@ import hashlib
 import json
 
 import pytest
-
 from ruler_helpers import FIXTURE_DATA, golden_commands
+
 from ruler_tasks.prepare import prepare
 from ruler_tasks.registry import TASK_NAMES
 

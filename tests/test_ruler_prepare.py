@@ -6,11 +6,11 @@ import json
 import shutil
 
 import pytest
-
 from ruler_helpers import FIXTURE_DATA
+
 from ruler_tasks.errors import RulerInputError
 from ruler_tasks.prepare import prepare
-from ruler_tasks.registry import TASKS, TASK_NAMES, resolve_tasks
+from ruler_tasks.registry import TASK_NAMES, TASKS, resolve_tasks
 
 
 def _run(tok, out, **kw):
@@ -31,6 +31,7 @@ def test_registry_matches_upstream_yaml():
     assert [s.name for s in resolve_tasks("vt, cwe")] == ["vt", "cwe"]
 
 
+@pytest.mark.slow
 def test_writes_and_reuses(reference_tokenizer_dir, tmp_path):
     out = tmp_path / "out"
     r1 = _run(reference_tokenizer_dir, out)
@@ -53,6 +54,7 @@ def test_writes_and_reuses(reference_tokenizer_dir, tmp_path):
     assert not list(out.glob("2048/.*.tmp"))
 
 
+@pytest.mark.slow
 def test_lengths_below_4096_and_odd(reference_tokenizer_dir, tmp_path):
     # upstream switches to 5-line steps and smaller CWE examples below 4096; nothing special-cased
     r = prepare(reference_tokenizer_dir, [3000], ["niah_single_1", "vt", "cwe", "fwe"], samples=2, seed=1,
@@ -105,6 +107,7 @@ def test_bad_data_files(reference_tokenizer_dir, tmp_path, content, msg):
                 progress=False)
 
 
+@pytest.mark.slow
 def test_unknown_checksum_warns_and_is_recorded(reference_tokenizer_dir, tmp_path):
     d = tmp_path / "data"
     shutil.copytree(FIXTURE_DATA, d)
@@ -118,6 +121,7 @@ def test_unknown_checksum_warns_and_is_recorded(reference_tokenizer_dir, tmp_pat
     assert m["data"]["essay"]["known"] is False and m["data"]["essay"]["origin"].endswith("my_essay.json")
 
 
+@pytest.mark.slow
 def test_chat_template(reference_tokenizer_dir, tmp_path):
     tok_dir = tmp_path / "chat_tok"
     shutil.copytree(reference_tokenizer_dir, tok_dir)

@@ -8,8 +8,8 @@ import random
 import re
 
 import pytest
-
 from ruler_helpers import FIXTURE_DATA
+
 from ruler_tasks.punkt import sent_tokenize
 from ruler_tasks.rng import fixed_permutation, fixed_shuffle
 from ruler_tasks.words import AdjNounKeys, niah_keys, wonderwords_lists

@@ -23,10 +23,12 @@ from longctx.init.settings import InitSettings
 from longctx.recipe.load import load_recipe, parse_section
 from longctx.recipe.plan import plan
 from longctx.recipe.run import RunSettings
-from longctx.recipe.sections import MODEL_SECTIONS, STAGE_SECTIONS
+from longctx.recipe.sections import model_sections, stage_sections
 from longctx.report.settings import CompareSettings, ExportSettings
 from longctx.sinks.settings import SinksSettings
 from longctx.yarn.settings import YarnSettings
+
+STAGE_SECTIONS, MODEL_SECTIONS = stage_sections(), model_sections()
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 COMMANDS = {("info",): InfoSettings, ("yarn",): YarnSettings, ("init",): InitSettings, ("convert",): ConvertSettings,
@@ -198,6 +200,7 @@ def test_all_tasks_by_name():
     assert s.tasks == ["all"] and RulerRunSettings(checkpoint="c", lengths="4k", output="o").tasks is None
 
 
+@pytest.mark.slow
 def test_an_error_while_a_stage_runs_names_the_recipe_key(tmp_path):
     """What only the verb can check (here: config keys transformers cannot build) is named as the recipe wrote it."""
     from longctx.core.errors import InputError

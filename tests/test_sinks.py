@@ -105,6 +105,7 @@ def test_first_token_probs_with_softcap_and_sliding_window():
 
 
 @pytest.mark.parametrize("attention", ["baseline", "headwise"])
+@pytest.mark.slow
 def test_uniform_attention_matches_hand_computed_value(attention, tmp_path, reference_tokenizer_dir, text_file):
     # q_proj = 0 -> q = q_norm(0) = 0 -> uniform causal attention in every layer and head:
     # F-Attn = mean over i = 1..L-1 of 1/(i+1).
@@ -133,6 +134,7 @@ def test_uniform_attention_matches_hand_computed_value(attention, tmp_path, refe
 
 
 @pytest.mark.parametrize("variant", ["baseline", "elementwise", "headwise", "yarn"])
+@pytest.mark.slow
 def test_chunked_path_equals_eager_attention(variant, tmp_path, reference_tokenizer_dir, text_file):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -213,6 +215,7 @@ def _eager_reference(ckpt, windows, **config):
 
 
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
+@pytest.mark.slow
 def test_every_architecture_matches_its_eager_attention(name, architecture_checkpoint, tmp_path, text_file):
     from transformers import AutoTokenizer
 
@@ -240,6 +243,7 @@ def test_every_architecture_matches_its_eager_attention(name, architecture_check
             assert attentions[layer][:, :, window:, 0].max() < 1e-30 < attentions[layer][:, :, :window, 0].min()
 
 
+@pytest.mark.slow
 def test_soft_capped_attention_is_measured_capped_and_run_eager(architecture_checkpoint, tmp_path, text_file):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -287,6 +291,7 @@ def _fake_sinks(fingerprint, name, fta, m_act, gate_mean):
             "averages": {"first_token_attention": fta, "m_act": m_act, "gate_mean": gate_mean}}
 
 
+@pytest.mark.slow
 def test_compare_shows_sink_columns(tmp_path):
     from test_report import _run, _scores_doc
 
@@ -315,6 +320,7 @@ def test_compare_shows_sink_columns(tmp_path):
     assert (tmp_path / "cmp" / "compare-sinks.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_plot_takes_several_sinks_files(tmp_path):
     for name, fta in (("a", 0.5), ("b", 0.05)):
         (tmp_path / name).mkdir()
@@ -329,6 +335,7 @@ def run(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
+@pytest.mark.slow
 def test_cli_prints_the_table_and_files(tmp_path, tiny_checkpoint, text_file):
     r = run("sinks", tiny_checkpoint, "--data", text_file, "--tokens", "128", "--length", "64", "-o", tmp_path / "o")
     assert r.exit_code == 0, r.output

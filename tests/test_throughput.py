@@ -138,6 +138,7 @@ def _run(checkpoint, documents, out, cache, **kw):
     return log, plan, ds, steps
 
 
+@pytest.mark.slow
 def test_log_has_padding_and_mfu_reproducible_from_its_own_numbers(checkpoint, documents, tmp_path, capsys):
     from transformers import AutoModelForCausalLM
 
@@ -160,6 +161,7 @@ def test_log_has_padding_and_mfu_reproducible_from_its_own_numbers(checkpoint, d
         assert extra > 0 and math.isclose(entry["mfu_attention"], mfu + extra, rel_tol=2e-3, abs_tol=2e-6)
 
 
+@pytest.mark.slow
 def test_split_packing_pads_only_the_last_sequence_and_without_a_peak_mfu_is_null(checkpoint, documents, tmp_path,
                                                                                     capsys):
     log, plan, ds, steps = _run(checkpoint, documents, tmp_path / "split", tmp_path / "cache")

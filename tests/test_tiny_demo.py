@@ -24,9 +24,9 @@ def test_shipped_checkpoints_match_their_checksums():
 
 
 def test_shipped_checkpoints_are_the_pretrain_recipes_bf16_models():
-    from longctx.init.presets import parameter_count
-
     from transformers import AutoConfig
+
+    from longctx.init.presets import parameter_count
 
     configs = {m: AutoConfig.from_pretrained(CHECKPOINTS / f"tiny-{m}") for m in ("baseline", "gated")}
     assert configs["baseline"].architectures == ["Qwen3ForCausalLM"]
@@ -66,6 +66,7 @@ def test_quick_demo_recipe_runs_on_the_shipped_checkpoints(tmp_path, vllm_engine
     assert (out / "compare" / "compare.png").is_file() and (out / "compare" / "loss.png").is_file()
 
 
+@pytest.mark.slow
 def test_answer_loss_shows_what_the_shipped_models_can_do(tmp_path):
     """`scripts/answer_loss.py` on niah_single_1 at 1k, as checkpoints/README.md quotes it: both models copy a
     needle's later digits (their digit embeddings stay apart), the gated one also looks its first digit up
@@ -96,6 +97,7 @@ def test_answer_loss_shows_what_the_shipped_models_can_do(tmp_path):
     ("tiny-gated", "empty.jsonl", "has no samples"),
     ("no-such-model", "one.jsonl", "has no config.json"),
 ])
+@pytest.mark.slow
 def test_answer_loss_refuses_bad_input_in_one_line(checkpoint, tasks, message, tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "one.jsonl").write_text(json.dumps({"input": "x", "outputs": ["1"]}) + "\n")

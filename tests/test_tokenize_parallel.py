@@ -51,6 +51,7 @@ def _cache_files(ds) -> dict[str, bytes]:
     return out
 
 
+@pytest.mark.slow
 def test_two_workers_write_the_same_cache_as_one(tokenizer, corpus, tmp_path, monkeypatch):
     """Same data + tokenizer + seed -> the same bytes, whatever the worker count: two sources interleaved by
     their shares and a short pool, in small batches so that many are in flight at once."""
@@ -72,6 +73,7 @@ def test_two_workers_write_the_same_cache_as_one(tokenizer, corpus, tmp_path, mo
     assert sum("tokens/s" in m for m in logs[2]) == 2  # each pool says how fast it went
 
 
+@pytest.mark.slow
 def test_the_cache_holds_what_transformers_gives_each_document(tokenizer, corpus, tmp_path):
     ds = build_packed_dataset([str(corpus)], tokenizer, 512, num_tokens=10**8, cache_dir=tmp_path, workers=2,
                               log=lambda m: None)
@@ -98,6 +100,7 @@ def test_the_fast_path_encodes_as_the_transformers_call(reference_tokenizer_dir,
     assert (first == [tok.bos_token_id]) is not split_special_tokens
 
 
+@pytest.mark.slow
 def test_a_tokenizer_that_changes_how_it_encodes_is_used_as_it_is(reference_tokenizer_dir):
     from transformers import AutoTokenizer
 
@@ -140,6 +143,7 @@ def hub_dataset(monkeypatch, tmp_path):
     return "hf:org/books", home / "datasets", texts
 
 
+@pytest.mark.slow
 def test_an_hf_dataset_is_read_only_up_to_the_token_budget(hub_dataset, tokenizer, tmp_path):
     spec, datasets_cache, texts = hub_dataset
     ds = build_packed_dataset([spec], tokenizer, 512, num_tokens=3000, cache_dir=tmp_path / "c", log=lambda m: None)
@@ -161,6 +165,7 @@ def _die(texts):
     os._exit(1)
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_is_one_line_and_nothing_is_cached(tokenizer, corpus, tmp_path, monkeypatch):
     monkeypatch.setattr(tokens, "_worker_tokenize", _die)  # what the spawned workers are sent by name
     with pytest.raises(InputError, match=r"^a tokenize worker process died .*; nothing was cached: rerun"):

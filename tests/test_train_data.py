@@ -153,6 +153,7 @@ def test_split_packing_fills_every_sequence_and_keeps_every_token_once(tokenizer
     assert cut >= len(ds) // 2
 
 
+@pytest.mark.slow
 def test_split_packing_wastes_under_one_percent_where_whole_wastes_four_in_ten(tokenizer, tmp_path):
     """Documents of ~1.16k tokens at seq_len 2k: whole-document packing leaves ~43% padding, split ≤ 1%."""
     rng = np.random.default_rng(1)
@@ -287,7 +288,7 @@ def test_spec_forms(tmp_path):
     datasets.Dataset.from_dict({"text": texts}).save_to_disk(str(tmp_path / "saved"))
     datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": texts[:1]}),
                           "test": datasets.Dataset.from_dict({"text": texts[2:]})}).save_to_disk(str(tmp_path / "dd"))
-    docs = lambda spec: list(iter_documents(spec))  # noqa: E731
+    docs = lambda spec: list(iter_documents(spec))
     assert docs(str(tmp_path / "one.txt")) == ["a whole file\n\nis one document"]
     assert docs(str(tmp_path / "recs.jsonl")) == docs(str(tmp_path / "recs.json")) == texts
     assert docs(str(tmp_path / "blank.jsonl")) == ["kept"]

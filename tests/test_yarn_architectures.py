@@ -16,16 +16,8 @@ import torch
 from click.testing import CliRunner
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from longctx.checkpoint.rope import (
-    check_context,
-    check_written_rope,
-    read_rope,
-    write_rope,
-    yarn_command,
-)
-from longctx.cli.main import cli
-from longctx.core.errors import InputError
-from longctx.yarn import scaling
+from longctx.checkpoint.rope import check_written_rope, read_rope, write_rope
+from longctx.checkpoint.rope_settings import check_context, yarn_command
 from longctx.checkpoint.yarn_reference import (
     longrope_inv_freq,
     yarn_attention_scaling,
@@ -33,6 +25,9 @@ from longctx.checkpoint.yarn_reference import (
     yarn_inv_freq,
     yarn_longrope_factors,
 )
+from longctx.cli.main import cli
+from longctx.core.errors import InputError
+from longctx.yarn import scaling
 from longctx.yarn.scaling import apply_yarn, vllm_settings
 
 _SHAPE = {"vocab_size": 1000, "hidden_size": 256, "intermediate_size": 256, "num_hidden_layers": 1,

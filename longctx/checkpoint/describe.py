@@ -7,8 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
-from longctx.checkpoint.directory import (checkpoint_dir, count_parameters, fingerprint, read_config,
-                                          read_provenance)
+from longctx.checkpoint.directory import checkpoint_dir, count_parameters, fingerprint, read_config, read_provenance
 from longctx.checkpoint.hub import hub_origin
 from longctx.checkpoint.load import model_config, sliding_window, trust_remote_code_setting
 from longctx.checkpoint.rope import read_rope

@@ -16,15 +16,26 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from longctx.checkpoint.hub import (
+    TOKENIZER_PREFIXES,
+    download_command,
+    hub_origin,
+    offline_variable,
+    parse_hub_id,
+    resolve_checkpoint,
+)
+from longctx.checkpoint.paths import check_code_inside
+from longctx.checkpoint.weights import (
+    WEIGHT_SUFFIXES,
+    check_weight_files,
+    safetensors_header,
+    weight_files,
+    weight_indexes,
+)
 from longctx.core.clock import utc_timestamp
 from longctx.core.errors import InputError
 from longctx.core.files import link_or_copy, write_json
 from longctx.core.hashing import cached_sha256_file
-from longctx.checkpoint.hub import (TOKENIZER_PREFIXES, download_command, hub_origin, offline_variable,
-                                    parse_hub_id, resolve_checkpoint)
-from longctx.checkpoint.paths import check_code_inside
-from longctx.checkpoint.weights import (WEIGHT_SUFFIXES, check_weight_files, safetensors_header, weight_files,
-                                        weight_indexes)
 from longctx.core.parse import LimitError, loads
 
 PROVENANCE_FILE = "longctx.json"

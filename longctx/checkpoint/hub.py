@@ -86,8 +86,12 @@ def _download(repo: str, revision: str | None, offline: bool, cache: str, patter
     `patterns` match (None: all but `_NOT_NEEDED`), fetched unless `offline`; InputError naming `spec` and, where
     it helps, the `hf download` command `get`."""
     from huggingface_hub import errors, snapshot_download
-    from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     try:
         return Path(snapshot_download(repo, revision=revision, cache_dir=cache, local_files_only=offline,

@@ -13,7 +13,8 @@ recognises such a config as YaRN again (see `yarn_longrope_form`).
 
 Per-layer-type RoPE (Gemma-3's global and local layers) is `longctx.checkpoint.rope_layers`; `read_rope` of such
 a config is the RoPE of the layers that see the whole sequence. What transformers builds from a written config
-is checked on its rotary module (`check_written_rope`, `longctx.checkpoint.rotary`).
+is checked on its rotary module (`check_written_rope`, `longctx.checkpoint.rotary`). The settings as a value, and
+the lengths they reach, are `longctx.checkpoint.rope_settings`.
 """
 
 from __future__ import annotations
@@ -22,75 +23,26 @@ import copy
 import dataclasses
 import math
 import os
-import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
 from longctx.checkpoint.config_keys import check_config_types, is_int, is_number, shown
+from longctx.checkpoint.load import _one_line, model_config
+from longctx.checkpoint.rope_settings import TYPES_WITH_ORIGINAL, RopeSettings
+from longctx.checkpoint.rotary import BuiltRope, built_rope, rope_differences
+from longctx.checkpoint.yarn_reference import yarn_attention_scaling, yarn_longrope_factors
 from longctx.core.errors import InputError
+from longctx.core.parse import loads
 from longctx.core.units import parse_number
 
 ConfigFormat = Literal["v5", "v4", "both"]
 # RoPE types transformers implements (ROPE_INIT_FUNCTIONS, plus "default").
 KNOWN_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
-# Types whose `original_max_position_embeddings` is the pre-extension training length and which transformers
-# fills from max_position_embeddings when absent (`standardize_rope_params`).
-_TYPES_WITH_ORIGINAL = ("yarn", "longrope", "llama3")
 # The keys that make a YaRN config the LongRoPE form of it (`yarn_longrope_form`).
 LONGROPE_FORM_KEYS = ("short_factor", "long_factor", "attention_factor", "short_mscale", "long_mscale")
 
-
-@dataclass(frozen=True)
-class RopeSettings:
-    """What a config says about positions, normalised over both config formats."""
-
-    rope_type: str
-    theta: int | float
-    max_position_embeddings: int | None
-    factor: float | None = None
-    original_max_position_embeddings: int | None = None
-    # Other keys of the RoPE dict (beta_fast, beta_slow, truncate, partial_rotary_factor, ...).
-    extra: dict[str, Any] = field(default_factory=dict)
-    config_format: str = "v5"
-    theta_is_default: bool = False  # the config has no base; this is the model class default
-    # The rope_type config.json stores when it is not `rope_type`: "longrope" for YaRN in LongRoPE form.
-    stored_type: str | None = None
-
-    @property
-    def trained_length(self) -> int | None:
-        """Length the model was trained at before any context scaling: the original length of yarn, llama3
-        and longrope; of dynamic NTK the recorded original, else max_position_embeddings (the length
-        transformers' `_compute_dynamic_ntk_parameters` and vLLM's `DynamicNTKScalingRotaryEmbedding` scale
-        from); of linear only a recorded original (configs write max_position_embeddings before or after the
-        factor: None when unknown)."""
-        if self.rope_type in (*_TYPES_WITH_ORIGINAL, "linear"):
-            return self.original_max_position_embeddings
-        if self.rope_type == "dynamic":
-            return self.original_max_position_embeddings or self.max_position_embeddings
-        return self.max_position_embeddings
-
-    @property
-    def scaling_factor(self) -> float | None:
-        """The context factor: `factor`, or for LongRoPE without one max_position_embeddings / original, as
-        transformers' `_compute_longrope_parameters` takes it."""
-        if self.factor is not None or self.rope_type != "longrope":
-            return self.factor
-        if self.max_position_embeddings and self.original_max_position_embeddings:
-            return self.max_position_embeddings / self.original_max_position_embeddings
-        return None
-
-    @property
-    def context_length(self) -> int | None:
-        """Longest sequence (prompt + generation) the checkpoint can be evaluated at.
-
-        For YaRN this is original × factor: vLLM sizes its cos/sin cache by it (and before
-        vllm#56446 derived max_model_len from it, ignoring max_position_embeddings).
-        """
-        if self.rope_type == "yarn" and self.original_max_position_embeddings and self.factor:
-            return math.ceil(self.original_max_position_embeddings * self.factor)
-        return self.max_position_embeddings
 
 
 # Top-level keys whose base the config class reads in the transformers-4 form (of the layers that see the whole
@@ -146,11 +98,6 @@ def _as_yarn(cfg: dict[str, Any], rope: RopeSettings) -> RopeSettings | None:
     short, long = x.get("short_factor"), x.get("long_factor")
     if not (s and s > 1 and n and short and short == long and rope.max_position_embeddings == math.ceil(n * s)):
         return None
-    from longctx.checkpoint.yarn_reference import (  # torch: only when needed
-        yarn_attention_scaling,
-        yarn_longrope_factors,
-    )
-
     scale = yarn_attention_scaling(s)
     if not all(is_number(x.get(k)) and math.isclose(x[k], scale, rel_tol=1e-6)
                for k in ("attention_factor", "short_mscale", "long_mscale")):
@@ -173,8 +120,6 @@ def yarn_longrope_form(cfg: dict[str, Any], rope: RopeSettings) -> RopeSettings:
 
     transformers uses short_factor up to the original length and long_factor beyond it, vLLM long_factor at
     every position once max_model_len exceeds the original length: equal factors make all of it YaRN."""
-    from longctx.checkpoint.yarn_reference import yarn_attention_scaling, yarn_longrope_factors
-
     extra = {k: v for k, v in rope.extra.items() if k not in LONGROPE_FORM_KEYS}
     dim = _rotary_dim(cfg, extra)
     if dim is None:
@@ -272,7 +217,7 @@ def parse_rope(cfg: dict[str, Any], rope: dict[str, Any], fmt: str, source: str 
     factor = rope.pop("factor", None)
     original = rope.pop("original_max_position_embeddings", None)
     top = None if nested else cfg.get("original_max_position_embeddings")
-    if rope_type in _TYPES_WITH_ORIGINAL:
+    if rope_type in TYPES_WITH_ORIGINAL:
         if top is None and not nested:
             top = _class_original(cfg.get("model_type"))  # a config class field wins even at its default
         original = top if top is not None else original if original is not None else max_pos
@@ -311,7 +256,7 @@ def write_rope(cfg: dict[str, Any], rope: RopeSettings, config_format: ConfigFor
     if rope.max_position_embeddings is not None:
         out["max_position_embeddings"] = int(rope.max_position_embeddings)
     rope_type = rope.stored_type or rope.rope_type
-    if (rope_type in _TYPES_WITH_ORIGINAL and rope.original_max_position_embeddings is not None
+    if (rope_type in TYPES_WITH_ORIGINAL and rope.original_max_position_embeddings is not None
             and _class_original(cfg.get("model_type")) is not None):
         out["original_max_position_embeddings"] = int(rope.original_max_position_embeddings)
     params = rope_dict(rope)
@@ -351,9 +296,10 @@ def set_rope_base(cfg: dict[str, Any], base: float, max_length: int,
                   config_format: ConfigFormat = "v5") -> tuple[dict[str, Any], RopeSettings]:
     """The config half of `extend`: a new RoPE base (ABF) and maximum length.
 
-    A position-independent scaling (llama3, linear, dynamic; proportional's partial rotation) is kept as it is,
-    with the new base under it: Llama 3.x is trained with its llama3 scaling on. YaRN and LongRoPE are refused: their frequencies were
-    chosen for the old base and the length they name (longctx yarn scales the extended checkpoint instead).
+    A position-independent scaling (llama3, linear, dynamic; proportional's partial rotation) is kept as it is, with
+    the new base under it: Llama 3.x is trained with its llama3 scaling on. YaRN and LongRoPE are refused: their
+    frequencies were chosen for the old base and the length they name (longctx yarn scales the extended checkpoint
+    instead).
     """
     new = rebased(read_rope(cfg), base, max_length)
     return write_rope(cfg, new, config_format), new
@@ -373,50 +319,6 @@ def rebased(rope: RopeSettings, base: float, max_length: int, layers: str = "thi
     return dataclasses.replace(rope, theta=parse_number(base), max_position_embeddings=int(max_length))
 
 
-def hub_name(checkpoint: str | os.PathLike) -> str:
-    """How a user names `checkpoint`: a folder inside the Hub cache by its Hub id (`org/name[/subfolder]`, with
-    `@commit` unless the repo's main branch is at that commit), any other folder by its path."""
-    from longctx.checkpoint.hub import hub_origin
-
-    hub = hub_origin(checkpoint)
-    if hub is None:
-        return os.fspath(checkpoint)
-    name = hub["repo_id"] + (f"/{hub['subfolder']}" if hub["subfolder"] else "")
-    repo = Path(checkpoint).resolve()
-    while repo.parent.name != "snapshots" and repo != repo.parent:
-        repo = repo.parent
-    main = repo.parent.parent / "refs" / "main"
-    try:
-        at_main = main.read_text(encoding="utf-8").strip() == hub["commit"]
-    except OSError:
-        at_main = False
-    return name if at_main else f"{name}@{hub['commit']}"
-
-
-def yarn_command(checkpoint: str | os.PathLike, rope: RopeSettings, longest: int) -> str:
-    """The `longctx yarn` command line whose result covers `longest` tokens: the checkpoint as a user names it
-    (`hub_name`), the factor (a power of two) from the original length `yarn` will use, `--rescale` when the
-    checkpoint is scaled already, and for linear scaling without a recorded original length
-    `--original-max-position-embeddings` with the length the config claims (max_position_embeddings)."""
-    base, flag = rope.trained_length, ""
-    if base is None and rope.rope_type == "linear" and rope.max_position_embeddings:
-        base = rope.max_position_embeddings
-        flag = f" --original-max-position-embeddings {base}"
-    base = base or rope.context_length or longest
-    factor = max(2, 2 ** math.ceil(math.log2(longest / base)))
-    rescale = " --rescale" if rope.rope_type != "default" else ""
-    return f"longctx yarn {shlex.quote(hub_name(checkpoint))} --factor {factor}{rescale}{flag}"
-
-
-def check_context(checkpoint: Path, rope: RopeSettings, longest: int) -> None:
-    """InputError when `longest` tokens (prompt + generation) are beyond what the checkpoint can do; the
-    message says which `longctx yarn` would make room (`yarn_command`)."""
-    ctx = rope.context_length
-    if ctx is None or longest <= ctx:
-        return
-    raise InputError(f"length {longest} is beyond what '{hub_name(checkpoint)}' can do (context length {ctx} tokens, "
-                     f"prompt + generation); extend it first: {yarn_command(checkpoint, rope, longest)}")
-
 
 def _same(a: Any, b: Any) -> bool:
     if is_number(a) and is_number(b):
@@ -427,7 +329,7 @@ def _same(a: Any, b: Any) -> bool:
 def _read_differently(params: dict[str, Any], expected: RopeSettings) -> list[str]:
     """What the built config's RoPE dict `params` says differently from `expected`: 'factor 4.0 (written 2.0)'."""
     stored = expected.stored_type or expected.rope_type
-    has_original = stored in _TYPES_WITH_ORIGINAL
+    has_original = stored in TYPES_WITH_ORIGINAL
     want = {"rope_type": stored, "rope_theta": expected.theta, "factor": expected.factor,
             "original length": expected.original_max_position_embeddings if has_original else None,
             **expected.extra}
@@ -441,7 +343,7 @@ def _read_differently(params: dict[str, Any], expected: RopeSettings) -> list[st
 
 def check_written_rope(written: str | os.PathLike | dict[str, Any], expected: RopeSettings | Mapping[str, RopeSettings],
                        source: str | None = None, *, trust_remote_code: bool = False,
-                       checkpoint: str | os.PathLike | None = None):
+                       checkpoint: str | os.PathLike | None = None) -> dict[str, BuiltRope]:
     """InputError (one line) unless transformers, building a config from `written` (a checkpoint folder or a
     config.json dict) as every loader does, gets the RoPE `expected` says (one for every layer, or one per layer
     type): first the RoPE dict it reads (rope_type as stored, rope_theta, factor, original length, every other
@@ -454,12 +356,6 @@ def check_written_rope(written: str | os.PathLike | dict[str, Any], expected: Ro
     Config classes may rewrite what a config.json says (Phi3Config turns "yarn" into "longrope"), put their
     own defaults over it (Phi3Config's top-level original_max_position_embeddings, default 4096) or ignore it
     (Gemma3TextConfig ignores a flat rope_parameters)."""
-    from transformers.utils import logging as hf_logging
-
-    from longctx.checkpoint.load import _one_line, model_config
-    from longctx.checkpoint.rotary import built_rope, rope_differences
-    from longctx.core.parse import loads
-
     if isinstance(written, dict):
         cfg, folder = written, None
     else:
@@ -467,31 +363,9 @@ def check_written_rope(written: str | os.PathLike | dict[str, Any], expected: Ro
         cfg = loads((folder / "config.json").read_text(encoding="utf-8"))  # what longctx itself wrote
     label = source or (str(folder / "config.json") if folder is not None else "config.json")
     what = f"longctx cannot write this RoPE for model_type '{cfg.get('model_type')}'"
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # its warnings (unknown keys vLLM reads, token ids) would repeat at every load
-    try:
-        if folder is not None:
-            built = model_config(folder, trust_remote_code=trust_remote_code)
-        else:  # a copy: config classes edit the RoPE dict they are given (Phi3Config sets its rope_type)
-            built = model_config(checkpoint or ".", copy.deepcopy(cfg), trust_remote_code=trust_remote_code)
-    except InputError as e:
-        if e.__context__ is None:
-            raise  # longctx's own refusal (code the checkpoint ships, not trusted): it says what to do
-        raise InputError(f"'{label}': transformers cannot build a config from what longctx wrote "
-                         f"({_one_line(e.__context__)}); {what}") from None
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    params = getattr(built, "rope_parameters", None) or {}
+    built = _built_config(cfg if folder is None else folder, checkpoint, trust_remote_code, label, what)
     per_type = dict(expected) if isinstance(expected, Mapping) else None
-    if per_type:
-        long = per_type[long_layer_type(list(per_type))]
-        diff = [f"{lt} {d}" for lt, rope in per_type.items()
-                for d in _read_differently(params.get(lt) or {}, rope)]
-    else:
-        long, diff = expected, _read_differently(params, expected)
-    max_pos = getattr(built, "max_position_embeddings", None)
-    if long.max_position_embeddings is not None and not _same(max_pos, long.max_position_embeddings):
-        diff.append(f"max_position_embeddings {shown(max_pos)} (written {long.max_position_embeddings})")
+    diff = _read_back_differently(built, expected, per_type)
     if diff:
         raise InputError(f"'{label}': transformers' {type(built).__name__} reads {', '.join(diff)}; {what}")
     try:
@@ -500,7 +374,45 @@ def check_written_rope(written: str | os.PathLike | dict[str, Any], expected: Ro
         raise InputError(f"'{label}': {e}; {what}") from None
     asked = {lt: reference_params(per_type[lt] if per_type else expected) for lt in rope
              if per_type is None or lt in per_type}
-    wrong = rope_differences(rope, asked, max_pos)
+    wrong = rope_differences(rope, asked, getattr(built, "max_position_embeddings", None))
     if wrong:
         raise InputError(f"'{label}': the model transformers builds from it computes {'; '.join(wrong)}; {what}")
     return rope
+
+
+def _built_config(written: Path | dict[str, Any], checkpoint: str | os.PathLike | None, trust_remote_code: bool,
+                  label: str, what: str) -> Any:
+    """The config transformers builds from the folder or config.json dict `written` (a dict by the config class
+    of `checkpoint`), its warnings silenced: unknown keys vLLM reads and token ids would repeat at every load."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        if isinstance(written, Path):
+            return model_config(written, trust_remote_code=trust_remote_code)
+        # a copy: config classes edit the RoPE dict they are given (Phi3Config sets its rope_type)
+        return model_config(checkpoint or ".", copy.deepcopy(written), trust_remote_code=trust_remote_code)
+    except InputError as e:
+        if e.__context__ is None:
+            raise  # longctx's own refusal (code the checkpoint ships, not trusted): it says what to do
+        raise InputError(f"'{label}': transformers cannot build a config from what longctx wrote "
+                         f"({_one_line(e.__context__)}); {what}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def _read_back_differently(built: Any, expected: RopeSettings | Mapping[str, RopeSettings],
+                           per_type: dict[str, RopeSettings] | None) -> list[str]:
+    """What the built config reads differently from `expected` (`per_type`: it per layer type): its RoPE dict per
+    layer type, or its one, and the max_position_embeddings of the layers that see the whole sequence."""
+    params = getattr(built, "rope_parameters", None) or {}
+    if per_type:
+        long = per_type[long_layer_type(list(per_type))]
+        diff = [f"{lt} {d}" for lt, rope in per_type.items() for d in _read_differently(params.get(lt) or {}, rope)]
+    else:
+        long, diff = expected, _read_differently(params, expected)
+    max_pos = getattr(built, "max_position_embeddings", None)
+    if long.max_position_embeddings is not None and not _same(max_pos, long.max_position_embeddings):
+        diff.append(f"max_position_embeddings {shown(max_pos)} (written {long.max_position_embeddings})")
+    return diff

@@ -28,7 +28,6 @@ def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False) -> 
     from transformers import AutoTokenizer
 
     from longctx.core.files import json_object
-
     from ruler_tasks.prepare import check_tokenizer
 
     require_tokenizer_files(path)
@@ -60,8 +59,8 @@ def check_tokenizer_source(path: str | os.PathLike, trust_remote_code: bool) -> 
     from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
 
     from longctx.checkpoint.load import check_remote_code, remote_code
-    from longctx.core.files import json_object
     from longctx.checkpoint.paths import check_code_inside, check_inside
+    from longctx.core.files import json_object
 
     source = Path(path) / "tokenizer_config.json"
     check_code_inside(Path(path) / "config.json")  # AutoTokenizer builds the config, with its code when trusted

@@ -86,7 +86,7 @@ def _load_weights(src: Path) -> dict[str, Any]:
         if f.suffix == ".bin":
             try:
                 part = torch.load(f, map_location="cpu", weights_only=True)
-            except Exception as e:  # untrusted input: weights_only refuses anything but tensors
+            except Exception as e:  # noqa: BLE001 - untrusted input: weights_only refuses anything but tensors
                 why = next((line.strip() for line in str(e).splitlines() if "Unsupported global" in line),
                            str(e).splitlines()[0] if str(e) else type(e).__name__)
                 raise InputError(f"cannot read '{f}' as plain tensors with torch.load(weights_only=True), which "

@@ -152,7 +152,7 @@ def one_line_failures(output: str | None) -> Iterator[None]:
         yield
     except InputError:
         raise
-    except Exception as e:  # noqa: BLE001 - every kind of exception may carry an OS error (see os_error_of)
+    except Exception as e:
         line = failure_line(e, output)
         if line is None:
             raise

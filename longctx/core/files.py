@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from longctx.core.errors import InputError
-from longctx.core.parse import LimitError, loads
 from longctx.core.locks import OutputLock, check_link, hold_until_verb_ends
+from longctx.core.parse import LimitError, loads
 from longctx.core.processes import is_main_process
 
 # Every folder a verb makes holds this file; only folders that do are ever replaced or removed.

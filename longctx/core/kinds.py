@@ -13,7 +13,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,9 +99,17 @@ class Url(Text):
 class Choice(Kind):
     """One of `choices`; `noun` names it on the command line ("unknown backend 'tgi'; choose one of ...")."""
 
-    def __init__(self, choices: Sequence[str], noun: str):
-        self.choices, self.noun = tuple(choices), noun
-        self.metavar = "[" + "|".join(self.choices) + "]"
+    def __init__(self, choices: Sequence[str] | Callable[[], Sequence[str]], noun: str):
+        # a callable: choices that a registry holds, read when asked (so an entry added later is one)
+        self._choices, self.noun = choices, noun
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return tuple(self._choices() if callable(self._choices) else self._choices)
+
+    @property
+    def metavar(self) -> str:
+        return "[" + "|".join(self.choices) + "]"
 
     def parse(self, value):
         if value not in self.choices:

@@ -183,7 +183,7 @@ class OutputLock:
         """Let the next writer in (once every `OutputLock` of this process on the output is released)."""
         _release_share(self._share)
 
-    def __enter__(self) -> "OutputLock":
+    def __enter__(self) -> OutputLock:
         return self
 
     def __exit__(self, *exc: object) -> None:

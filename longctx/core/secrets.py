@@ -22,7 +22,7 @@ def redact_url(url: str, *, userinfo: bool = True) -> str:
         parts.port  # noqa: B018 - raises ValueError for a port that is not a number
     except ValueError:
         return REDACTED
-    user, at, host = parts.netloc.rpartition("@")
+    _, at, host = parts.netloc.rpartition("@")
     netloc = (f"{REDACTED}@" if at and userinfo else "") + host
     query = "&".join(f"{name}={REDACTED}" if sep else (REDACTED if name else "")
                      for name, sep, _ in (p.partition("=") for p in parts.query.split("&"))) if parts.query else ""

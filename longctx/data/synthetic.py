@@ -41,8 +41,8 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from longctx.core.errors import InputError
 from longctx.data import synthetic_kinds

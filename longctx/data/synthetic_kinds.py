@@ -10,7 +10,8 @@ import functools
 import random
 import re
 import uuid
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import dataclass
 
 RULER_STYLE = 0.75  # fraction of documents phrased exactly as RULER phrases its tasks
 
@@ -33,7 +34,7 @@ def approx_tokens(text: str) -> int:
     return round(total)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _words() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """(nouns, adjectives, verbs): single lowercase words only, so a key is one `adj-noun` string."""
     from ruler_tasks.words import wonderwords_lists
@@ -128,10 +129,50 @@ _ALT_NIAH = (
 )
 
 
+@dataclass(frozen=True)
+class _Needles:
+    """The key-value pairs a NIAH document hides, and the questions it asks about them."""
+
+    type_v: str  # "numbers", "uuids" or "words"
+    num_v: int  # values per key
+    keys: list[str]
+    pairs: list[tuple[str, str]]  # (key, value) in the text's order
+    asks: list[list[int]]  # per question, the indexes in `keys` it asks for
+
+
 def _niah(rng: random.Random, budget: int) -> str:
     haystack_kind = rng.choices(("noise", "words", "needle"), (0.4, 0.35, 0.25))[0]
     type_k = "uuids" if rng.random() < 0.15 else "words"
     type_v = rng.choices(("numbers", "uuids", "words"), (0.6, 0.2, 0.2))[0]
+    draw_k = {"words": lambda: _word_key(rng), "uuids": lambda: _uuid(rng)}[type_k]
+    draw_v = {"numbers": lambda: str(rng.randint(10**6, 10**7 - 1)), "uuids": lambda: _uuid(rng),
+              "words": lambda: _word_key(rng)}[type_v]
+    taken: set[str] = set()  # every key and value drawn, distractors' included: none is drawn twice
+    hidden = _niah_needles(rng, budget, type_k, type_v, draw_k, draw_v, taken)
+    ruler_style = rng.random() < RULER_STYLE
+    alt = rng.choice(_ALT_NIAH)
+    head, needle, tail = _niah_phrasing(hidden, ruler_style, alt)
+    t = type_v[:-1]
+    needles = [needle.format(tp=type_v, t=t, k=k, v=v) for k, v in hidden.pairs]
+    room = budget - approx_tokens(head) - approx_tokens(tail) - sum(approx_tokens(n) + 1 for n in needles)
+    if haystack_kind == "words":
+        body = " ".join(_insert(rng, _fill(rng, lambda: _word_sentence(rng), room), needles))
+    elif haystack_kind == "noise":
+        line = NOISE_LINE if rng.random() < 0.7 else None
+        units = _fill(rng, (lambda: line) if line else (lambda: rng.choice(NOISE_SENTENCES)), room)
+        body = ("\n" if line else " ").join(_insert(rng, units, needles))
+    else:  # distractors: needles with other keys
+        def distractor() -> str:
+            return needle.format(tp=type_v, t=t, k=_distinct(draw_k, 1, taken)[0], v=draw_v())
+
+        body = "\n".join(_insert(rng, _fill(rng, distractor, room), needles))
+    return "\n".join((head, body, tail))
+
+
+def _niah_needles(rng: random.Random, budget: int, type_k: str, type_v: str, draw_k: Callable[[], str],
+                  draw_v: Callable[[], str], taken: set[str]) -> _Needles:
+    """How many keys and values, drawn; the question RULER would ask, then (half the time) follow-up questions
+    about the other keys: each answer is one more retrieval to learn from in the same haystack."""
     num_k = 1 if rng.random() < 0.4 else rng.randint(2, 6)
     num_v = 1 if rng.random() < 0.75 else rng.randint(2, 4)
     # Needles take at most a third of a short document.
@@ -139,28 +180,25 @@ def _niah(rng: random.Random, budget: int) -> str:
     while num_k * num_v * per_needle > budget // 3 and num_k * num_v > 1:
         num_v, num_k = (num_v - 1, num_k) if num_v > 1 else (num_v, num_k - 1)
     num_q = 1 if num_k == 1 or rng.random() < 0.7 else rng.randint(2, min(num_k, 4))
-    draw_k = {"words": lambda: _word_key(rng), "uuids": lambda: _uuid(rng)}[type_k]
-    draw_v = {"numbers": lambda: str(rng.randint(10**6, 10**7 - 1)), "uuids": lambda: _uuid(rng),
-              "words": lambda: _word_key(rng)}[type_v]
-    taken: set[str] = set()
     keys = _distinct(draw_k, num_k, taken)
     values = [_distinct(draw_v, num_v, taken) for _ in keys]
     order = rng.sample(range(num_k), num_k)
-    # The question RULER would ask, then (half the time) follow-up questions about the other keys: each
-    # answer is one more retrieval to learn from in the same haystack.
     asks = [sorted(order[:num_q])]
     if num_k > num_q and rng.random() < 0.5:
         asks += [[i] for i in order[num_q:num_q + rng.randint(1, 4)]]
     pairs = [(k, v) for k, vs in zip(keys, values) for v in vs]
     rng.shuffle(pairs)  # the text's needle order; answers list a key's values in that order
-    t = type_v[:-1]
-    ruler_style = rng.random() < RULER_STYLE
-    alt = rng.choice(_ALT_NIAH)
+    return _Needles(type_v, num_v, keys, pairs, asks)
+
+
+def _niah_phrasing(hidden: _Needles, ruler_style: bool, alt: tuple[str, str, str, str]) -> tuple[str, str, str]:
+    """(task sentence, needle template, the questions with their answers): RULER's words, or those of `alt`."""
+    type_v, t, keys = hidden.type_v, hidden.type_v[:-1], hidden.keys
 
     def question_and_answer(queried: list[int]) -> str:
         query = _join_list([keys[i] for i in queried])
-        answer = _join_list([v for i in queried for k, v in pairs if k == keys[i]])
-        plural = len(queried) * num_v > 1
+        answer = _join_list([v for i in queried for k, v in hidden.pairs if k == keys[i]])
+        plural = len(queried) * hidden.num_v > 1
         if ruler_style:
             tv = type_v if plural else t
             return (f"{'What are all' if plural else 'What is'} the special magic {tv} for {query} mentioned in "
@@ -171,34 +209,16 @@ def _niah(rng: random.Random, budget: int) -> str:
                "has": "have" if len(queried) > 1 else "has"}
         return alt[2].format(**fmt) + " " + alt[3].format(**fmt)
 
-    tail = "\n".join(question_and_answer(q) for q in asks)
-    plural = len(asks[0]) * num_v > 1
+    tail = "\n".join(question_and_answer(q) for q in hidden.asks)
+    plural = len(hidden.asks[0]) * hidden.num_v > 1
     if ruler_style:
         tv = type_v if plural else t
         head = (f"Some special magic {tv} are hidden within the following text. Make sure to memorize it. "
                 f"I will quiz you about the {tv} afterwards.")
         if not plural:
             head = head.replace("Some", "A").replace("are", "is")
-        needle = "One of the special magic {tp} for {k} is: {v}."
-    else:
-        head = alt[0].format(t=t + ("s" if plural else ""))
-        needle = alt[1]
-    needles = [needle.format(tp=type_v, t=t, k=k, v=v) for k, v in pairs]
-    room = budget - approx_tokens(head) - approx_tokens(tail) - sum(approx_tokens(n) + 1 for n in needles)
-    if haystack_kind == "words":
-        units = _fill(rng, lambda: _word_sentence(rng), room)
-        return "\n".join((head, " ".join(_insert(rng, units, needles)), tail))
-    if haystack_kind == "noise":
-        line = NOISE_LINE if rng.random() < 0.7 else None
-        units = _fill(rng, (lambda: line) if line else (lambda: rng.choice(NOISE_SENTENCES)), room)
-        sep = "\n" if line else " "
-        return "\n".join((head, sep.join(_insert(rng, units, needles)), tail))
-
-    def distractor() -> str:
-        return needle.format(tp=type_v, t=t, k=_distinct(draw_k, 1, taken)[0], v=draw_v())
-
-    units = _fill(rng, distractor, room)
-    return "\n".join((head, "\n".join(_insert(rng, units, needles)), tail))
+        return head, "One of the special magic {tp} for {k} is: {v}.", tail
+    return alt[0].format(t=t + ("s" if plural else "")), alt[1], tail
 
 
 # --- dense recall -------------------------------------------------------------------------------------

@@ -23,10 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from longctx.core.errors import InputError
-from longctx.core.parse import loads
-from longctx.core.files import (RULER_RUN_KIND, link_or_copy, make_temp_dir, mark_output, output_kind,
-                                write_json)
+from longctx.core.files import RULER_RUN_KIND, link_or_copy, make_temp_dir, mark_output, output_kind, write_json
 from longctx.core.locks import OutputLock
+from longctx.core.parse import loads
 
 RUN_FILE = "run.json"
 RUN_FORMAT = "longctx-ruler-run/1"

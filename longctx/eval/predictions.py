@@ -52,7 +52,7 @@ def read_task_lines(path: Path, sha256: str | None = None) -> list[TaskLine]:
     lines: list[TaskLine] = []
     try:
         with open(path, "rb") as f:
-            for number, raw in enumerate(f, 1):
+            for number, raw in enumerate(f, 1):  # noqa: B007 - the message names the line that is bad
                 digest.update(raw)
                 row = loads(raw)
                 outputs, prompt = row["outputs"], row["input"] + row["answer_prefix"]

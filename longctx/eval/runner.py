@@ -26,10 +26,10 @@ from longctx.core.errors import InputError
 from longctx.core.files import check_apart, write_json
 from longctx.core.hashing import hash_json
 from longctx.core.parse import loads
-from longctx.eval.backends import make_backend
-from longctx.eval.request import Request
+from longctx.eval.backends import BackendContext, make_backend
 from longctx.eval.binding import SAMPLING, TASKS_DIR, check_run_dir, record_task_files, staged_run
 from longctx.eval.predictions import PredictionWriter, TaskLine, prompt_hash, read_predictions, read_task_lines
+from longctx.eval.request import Request
 from longctx.eval.scoring import score_predictions
 from longctx.eval.settings import RulerRunSettings
 from longctx.eval.thinking import THINK_END, answer_after_thinking
@@ -203,18 +203,20 @@ def run_ruler(s: RulerRunSettings, *, engine=None, progress: bool = True, log: C
     """
     from longctx.checkpoint.describe import model_info, sliding_note
     from longctx.checkpoint.directory import checkpoint_dir, fingerprint, read_config, versions
-    from longctx.core.files import json_object
-    from longctx.checkpoint.rope import check_context, read_rope
+    from longctx.checkpoint.rope import read_rope
+    from longctx.checkpoint.rope_settings import check_context
     from longctx.checkpoint.tokenizer import special_tokens_added
+    from longctx.core.files import json_object
     from longctx.core.hashing import tokenizer_fingerprint
+    from longctx.eval.tasks import load_task_tokenizer
     from ruler_tasks.constants import UPSTREAM_COMMIT
     from ruler_tasks.prepare import prepare
-    from longctx.eval.tasks import load_task_tokenizer
     from ruler_tasks.registry import resolve_tasks
     from ruler_tasks.templates import model_template
 
     t_start = time.perf_counter()
     say = log or (lambda _msg: None)
+    s.check_inputs()  # what the machine has (a device, the installed engine's arguments), as a recipe checks it
     ckpt = checkpoint_dir(s.checkpoint)
     rope = read_rope(read_config(ckpt))
     specs = resolve_tasks(s.tasks)
@@ -235,7 +237,9 @@ def run_ruler(s: RulerRunSettings, *, engine=None, progress: bool = True, log: C
         extra = n_special + (s.think_tokens or 0)  # --think-tokens 0: a model that does not think
         ctx = rope.context_length
         max_model_len = lengths[-1] + extra if ctx is None else min(ctx, lengths[-1] + extra)
-        bk = make_backend(s, str(ckpt), max_model_len, engine, log=say)
+        context = BackendContext(s.checkpoint, str(ckpt), max_model_len, tokenizer=tok, seed=s.seed,
+                                 run_dir=s.output, trust_remote_code=s.trust_remote_code, engine=engine, log=say)
+        bk = make_backend(s.backend, s.backend_options(), context)
         binding = {"fingerprint": fp, "tokenizer": tokenizer_fingerprint(tok), "seed": s.seed,
                    "samples": s.samples, "template": s.template, "system_prompt": s.system_prompt,
                    "chat_template_kwargs": s.chat_template_kwargs, "think_tokens": s.think_tokens,

@@ -5,16 +5,21 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from longctx.core.errors import InputError, ref
-from longctx.core.kinds import (Bool, Choice, Count, Float, Int, JsonObject, Lengths, LocalPath, Names, Overrides,
-                                Source, Text, Url)
 from longctx.checkpoint.load import trust_remote_code_setting
+from longctx.core.errors import SettingError, ref
+from longctx.core.kinds import Bool, Choice, Int, JsonObject, Lengths, LocalPath, Names, Source, Text
 from longctx.core.settings import REQUIRED, Settings, setting
+from longctx.eval.backends import (
+    BUILTIN_BACKENDS,
+    OPTIONS_GROUP,
+    BackendOptions,
+    backend_class,
+    option_fields,
+    option_users,
+    registry,
+    registry_problems,
+)
 from ruler_tasks.templates import TEMPLATE_NAMES
-
-BACKENDS = ("vllm", "openai", "hf")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-_OPTION = "backend_options"  # the recipe mapping that holds the backend's options
 
 
 @dataclass(frozen=True)
@@ -66,51 +71,20 @@ class PrepareSettings(RulerTaskSettings):
     trust_remote_code: bool = trust_remote_code_setting()
 
 
-# The backends that read each backend option: any other backend refuses it rather than ignore it.
-_OPTION_USERS = {"dtype": ("vllm", "hf"), "tensor_parallel_size": ("vllm",), "data_parallel_size": ("vllm",),
-                 "gpu_memory_utilization": ("vllm",), "kv_cache_memory": ("vllm",), "enforce_eager": ("vllm",),
-                 "engine_args": ("vllm",), "base_url": ("openai",), "model": ("openai",),
-                 "trust_served_model": ("openai",), "concurrency": ("openai",), "request_timeout": ("openai",),
-                 "max_retries": ("openai",), "device": ("hf",)}
-
-
 @dataclass(frozen=True)
-class RulerRunSettings(RulerTaskSettings):
+class _RulerRun(RulerTaskSettings):
+    """`ruler run`'s own settings; `RulerRunSettings` adds every registered backend's options."""
+
     checkpoint: str | None = setting(None, Text(), "Checkpoint to evaluate.", cli="argument", recipe=False,
                                      cli_required=True)
     output: str | None = setting(None, LocalPath(directory=True),
                                  "Run directory (resumable: rerun the same command to continue).", short="-o",
                                  recipe=False, cli_required=True)
     trust_remote_code: bool = trust_remote_code_setting()
-    backend: str = setting("vllm", Choice(BACKENDS, "backend"),
-                           "vllm (offline engine), openai (an OpenAI-compatible server) or hf (transformers).")
-    dtype: str | None = setting(None, Choice(DTYPES, "dtype"), "Weights dtype [default: auto, the checkpoint's].",
-                                group=_OPTION)
-    tensor_parallel_size: int | None = setting(None, Int(minimum=1), "vllm: GPUs per model replica.", group=_OPTION)
-    data_parallel_size: int | None = setting(None, Int(minimum=1), "vllm: model replicas.", group=_OPTION)
-    gpu_memory_utilization: float | None = setting(None, Float(0, 1, low_open=True, words="a number in (0, 1]"),
-                                                   "vllm: share of GPU memory.", group=_OPTION)
-    kv_cache_memory: int | None = setting(None, Count(), "vllm: KV-cache size in bytes (e.g. 8e9), instead of the "
-                                                         "share.", group=_OPTION)
-    enforce_eager: bool = setting(False, Bool(), "vllm: no CUDA graphs.", group=_OPTION)
-    engine_args: dict = setting({}, Overrides(), "vllm: an engine argument under vLLM's own name (repeatable), e.g. "
-                                                 "max_num_seqs=64, kv_cache_dtype=fp8, "
-                                                 "hf_overrides='{\"rope_theta\": 1e6}'.",
-                                flag="--engine-arg", group=_OPTION)
-    base_url: str | None = setting(None, Url(), "openai: endpoint, e.g. http://127.0.0.1:8000/v1 (credential: "
-                                                 "OPENAI_API_KEY, or user:password@ in the URL, not both; recorded "
-                                                 "and shown redacted).", group=_OPTION)
-    model: str | None = setting(None, Text(), "openai: model name on the server [default: the first it serves].",
-                                flag="--served-model", group=_OPTION)
-    trust_served_model: bool = setting(False, Bool(), "openai: accept a served model whose name and root do not "
-                                                      "name the checkpoint (recorded in the results).",
-                                       group=_OPTION)
-    concurrency: int = setting(8, Int(minimum=1), "openai: requests in flight.", group=_OPTION)
-    request_timeout: float = setting(600.0, Float(0, None, low_open=True, words="a number of seconds > 0"),
-                                     "openai: seconds to wait for one response.", group=_OPTION)
-    max_retries: int = setting(3, Int(minimum=0), "openai: retries of a failed request (HTTP 429/5xx, connection "
-                                                  "errors; Retry-After honoured).", group=_OPTION)
-    device: str | None = setting(None, Text(), "hf: torch device [default: cuda when available].", group=_OPTION)
+    backend: str = setting("vllm", Choice(tuple(registry()), "backend"),
+                           "vllm (offline engine), openai (an OpenAI-compatible server) or hf (transformers)" + (
+                               "; or one a package adds: " + ", ".join(list(registry())[len(BUILTIN_BACKENDS):])
+                               if len(registry()) > len(BUILTIN_BACKENDS) else "") + ".")
     think_tokens: int | None = setting(None, Int(minimum=0),
                                        "chat: thinking budget, added to each task's generation budget; the answer "
                                        "scored is the text after the last </think> (needed when the chat "
@@ -121,30 +95,32 @@ class RulerRunSettings(RulerTaskSettings):
 
     def check(self) -> None:
         super().check()
-        defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-                    for f, _ in self.specs()}
-        for name, users in _OPTION_USERS.items():
-            if getattr(self, name) != defaults[name] and self.backend not in users:
+        if registry_problems():  # a package's backend that is not there: said whichever backend is chosen
+            raise self.error(registry_problems()[0])
+        for name, users in option_users().items():
+            if getattr(self, name) != self.default(name) and self.backend not in users:
                 raise self.error(f"{ref(name)} is an option of {' and '.join(users)}, which {ref('backend')} "
                                  f"{self.backend} does not use; drop it, or choose {ref('backend')} {users[0]}")
         if self.think_tokens is not None and self.template != "chat":
             raise self.error(f"{ref('think_tokens')} is for thinking chat models; add {ref('template')} chat")
-        if self.engine_args:
-            from longctx.eval.engine_args import typed_engine_args
+        self.backend_options()
 
-            try:
-                object.__setattr__(self, "engine_args", typed_engine_args(self.engine_args, ref("engine_args")))
-            except InputError as e:
-                raise self.error(str(e)) from None
-        if self.backend == "openai" and not self.base_url:
-            raise self.error(f"{ref('backend')} openai needs {ref('base_url')} (e.g. http://127.0.0.1:8000/v1)")
+    def backend_options(self) -> BackendOptions:
+        """The chosen backend's options, from these settings (its refusals name these settings)."""
+        cls = backend_class(self.backend).Options
+        try:
+            return cls(**{f.name: getattr(self, f.name) for f in dataclasses.fields(cls)})
+        except SettingError as e:
+            raise self.error(e.text, e.cli_text) from None
 
     def check_inputs(self, offline_data: bool = True) -> None:
-        from longctx.checkpoint.load import check_device
+        try:
+            self.backend_options().check_inputs(offline_data)
+        except SettingError as e:
+            raise self.error(e.text, e.cli_text) from None
 
-        # What the machine has, like a file: checked when a recipe loads, not when its ruler stage starts.
-        if self.backend == "hf":
-            try:
-                check_device(self.device, ref("device"))
-            except InputError as e:
-                raise self.error(str(e)) from None
+
+RulerRunSettings = dataclasses.make_dataclass(
+    "RulerRunSettings", option_fields(), bases=(_RulerRun,), frozen=True,
+    namespace={"__module__": __name__, "__doc__": "The settings of `ruler run`: its own and every backend's options "
+                                                  f"(recipe group `{OPTIONS_GROUP}`)."})

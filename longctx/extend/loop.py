@@ -28,16 +28,24 @@ from pathlib import Path
 from typing import Any
 
 from longctx.core.errors import InputError
-from longctx.core.files import (CHECKPOINT_KIND, check_output, make_output, output_kind, remove_output,
-                                write_atomic, write_json)
+from longctx.core.files import (
+    CHECKPOINT_KIND,
+    check_output,
+    make_output,
+    output_kind,
+    remove_output,
+    write_atomic,
+    write_json,
+)
 from longctx.core.locks import OutputLock
-from longctx.core.processes import is_main_process
 from longctx.core.parse import loads
+from longctx.core.processes import is_main_process
 from longctx.extend.output import LOG_FILE, output_config, write_output
 from longctx.extend.plan import Plan, check_parallelism, resolve_plan
 from longctx.extend.resume import SETTINGS_FILE, WORK_KIND, Resume, check_work, record, work_dir
 from longctx.extend.settings import ExtendSettings
 from longctx.extend.state import load_training_state, save_training_state
+from longctx.extend.throughput import model_flops, peak_flops
 
 
 @dataclass(frozen=True)
@@ -293,20 +301,10 @@ def _train_steps(acc, parts, ds, s: ExtendSettings, plan: Plan, work: Path, star
                  flops, dtype: str) -> float:
     """Steps start_step..plan.steps, logged per step and saved every `save_every`; returns the last loss.
     `flops` (`longctx.extend.throughput.ModelFlops`) and the compute `dtype` give the MFU."""
-    import torch
     from tqdm.auto import tqdm
 
-    from longctx.extend.throughput import peak_flops
-
     module, accelerated, optimizer, scheduler = parts
-    device_name = torch.cuda.get_device_name(acc.device) if acc.device.type == "cuda" else None
-    peak, source = peak_flops(s.peak_tflops, device_name, dtype)
-    if peak is None:
-        acc.print(f"MFU not reported: {source}")
-    else:
-        acc.print(f"MFU against {peak / 1e12:g} TFLOP/s per device x {plan.world_size} ({source}); model FLOPs "
-                  f"6 x {flops.params:,} parameters per non-padding token"
-                  f"{'' if flops.layers is None else ', mfu_attention adds attention scores'}")
+    peak = _peak(acc, s, plan, flops, dtype)
     dp_rank = acc.process_index // s.cp_size
     bar = tqdm(total=plan.steps, initial=start_step, unit="step", disable=not (progress and acc.is_main_process),
                dynamic_ncols=True)
@@ -338,8 +336,7 @@ def _train_steps(acc, parts, ds, s: ExtendSettings, plan: Plan, work: Path, star
                      "mfu_attention": None if mfu_attention is None else round(mfu_attention, 6)}
             if log_file is not None:
                 _append(log_file, entry, work)
-            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{entry['tokens_per_s']:,.0f}",
-                            pad=f"{padding:.1%}",
+            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{entry['tokens_per_s']:,.0f}", pad=f"{padding:.1%}",
                             **({} if mfu is None else {"mfu": f"{mfu:.0%}"}), refresh=False)
             bar.update(1)
             done = step + 1
@@ -351,6 +348,21 @@ def _train_steps(acc, parts, ds, s: ExtendSettings, plan: Plan, work: Path, star
         if log_file is not None:
             log_file.close()
     return final_loss
+
+
+def _peak(acc, s: ExtendSettings, plan: Plan, flops, dtype: str) -> float | None:
+    """The peak FLOP/s per device MFU is taken against (None: unknown); says which, or why there is none."""
+    import torch
+
+    device_name = torch.cuda.get_device_name(acc.device) if acc.device.type == "cuda" else None
+    peak, source = peak_flops(s.peak_tflops, device_name, dtype)
+    if peak is None:
+        acc.print(f"MFU not reported: {source}")
+    else:
+        acc.print(f"MFU against {peak / 1e12:g} TFLOP/s per device x {plan.world_size} ({source}); model FLOPs "
+                  f"6 x {flops.params:,} parameters per non-padding token"
+                  f"{'' if flops.layers is None else ', mfu_attention adds attention scores'}")
+    return peak
 
 
 def _log_plan(log, s: ExtendSettings, plan: Plan, dtype: str, attn: str, attn_reason: str, acc, work: Path) -> None:
@@ -395,7 +407,6 @@ def _train(s: ExtendSettings, c: _Checked, world_size: int, cuda: bool, progress
     from longctx.core.files import cache_dir
     from longctx.extend.model import fsdp_plugin, load_training_model, make_accelerator, make_training_module
     from longctx.extend.packing import build_packed_dataset
-    from longctx.extend.throughput import model_flops
 
     plan, work = c.plan, work_dir(s.output)
     # before the model: a tokenizer that does not fit it is refused first

@@ -81,7 +81,7 @@ def write_output(acc, module, ckpt: Path, new_cfg: dict[str, Any], s: ExtendSett
             write_provenance(tmp, "extend", args, ckpt)
         except InputError:
             raise
-        except Exception as e:  # noqa: BLE001 - safetensors reports a full disk as its own SafetensorError
+        except Exception as e:
             if (failure := write_failure(e, tmp)) is None or failure is e:
                 raise
             raise failure from None  # an OSError: atomic_dir removes the folder, the caller says it in one line

@@ -197,6 +197,40 @@ def build_packed_dataset(specs: Sequence[str], tokenizer: Any, seq_len: int, *, 
     """Tokenize (once, cached, in `workers` processes) and pack `specs` (+ `short_specs` for `short_fraction` of
     the tokens) into `seq_len` sequences; see the module docstring. Call it on the main process first: the other
     ranks then open the finished cache."""
+    short_specs = _checked_arguments(specs, seq_len, num_tokens, short_specs, short_fraction, packing, workers, log)
+    cache = Path(cache_dir)
+    budget = -(-num_tokens // seq_len) * seq_len  # whole sequences
+    short_budget = round(budget * short_fraction)
+    long_budget = budget - short_budget
+    pools = [token_pool(specs, tokenizer, long_budget, seed=seed, cache_dir=cache, log=log, workers=workers,
+                         length_tokens=_synthetic_document_tokens(seq_len, short=False))]
+    if short_specs:
+        pools.append(token_pool(short_specs, tokenizer, short_budget, seed=seed, cache_dir=cache, log=log,
+                                 workers=workers, length_tokens=_synthetic_document_tokens(seq_len, short=True)))
+    fingerprint = hash_json({"version": CACHE_VERSION, "pools": [p.source_key for p in pools],
+                             "pool_tokens": [p.num_tokens for p in pools], "seq_len": seq_len,
+                             "short_fraction": short_fraction, "seed": seed, "num_tokens": num_tokens,
+                             **({} if packing == "whole" else {"packing": packing, "rule": _SPLIT_RULE})})
+    plan_dir = cache / f"packed-{fingerprint[:20]}"
+    if (plan_dir / "meta.json").is_file():
+        log(f"reusing packed sequences {plan_dir}")
+        stats = _cached_stats(plan_dir / "meta.json")
+    else:
+        with atomic_dir(plan_dir, keep_existing="meta.json") as tmp:
+            stats = _write_plan(tmp, pools, seq_len, seed, num_tokens, short_fraction, packing, log)
+            write_json(tmp / "meta.json", {"version": CACHE_VERSION, "fingerprint": fingerprint, "stats": stats},
+                       indent=1)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ds = PackedDataset(plan_dir, pools, seq_len=seq_len, pad_id=pad_id, seed=seed, fingerprint=fingerprint, stats=stats)
+    _log_packed(len(ds), stats, seq_len, num_tokens, short_fraction if short_specs else None, log)
+    return ds
+
+
+def _checked_arguments(specs: Sequence[str], seq_len: int, num_tokens: int, short_specs: Sequence[str],
+                       short_fraction: float, packing: str, workers: int,
+                       log: Callable[[str], None]) -> Sequence[str]:
+    """InputError for an argument `build_packed_dataset` cannot use; the short data specs it uses (none, said,
+    when the short fraction is 0)."""
     if seq_len < 2:
         raise InputError(f"seq_len {seq_len} is too short; give at least 2 tokens")
     if num_tokens < 1:
@@ -215,43 +249,24 @@ def build_packed_dataset(specs: Sequence[str], tokenizer: Any, seq_len: int, *, 
         log(f"short data {', '.join(short_specs)} unused: the short fraction is 0")
         short_specs = ()
     check_data_specs([*specs, *short_specs])
-    cache = Path(cache_dir)
-    budget = -(-num_tokens // seq_len) * seq_len  # whole sequences
-    short_budget = round(budget * short_fraction)
-    long_budget = budget - short_budget
-    pools = [token_pool(specs, tokenizer, long_budget, seed=seed, cache_dir=cache, log=log, workers=workers,
-                         length_tokens=_synthetic_document_tokens(seq_len, short=False))]
-    if short_specs:
-        pools.append(token_pool(short_specs, tokenizer, short_budget, seed=seed, cache_dir=cache, log=log,
-                                 workers=workers, length_tokens=_synthetic_document_tokens(seq_len, short=True)))
-    fingerprint = hash_json({"version": CACHE_VERSION, "pools": [p.source_key for p in pools],
-                         "pool_tokens": [p.num_tokens for p in pools], "seq_len": seq_len,
-                         "short_fraction": short_fraction, "seed": seed, "num_tokens": num_tokens,
-                         **({} if packing == "whole" else {"packing": packing, "rule": _SPLIT_RULE})})
-    plan_dir = cache / f"packed-{fingerprint[:20]}"
-    if (plan_dir / "meta.json").is_file():
-        log(f"reusing packed sequences {plan_dir}")
-        stats = _cached_stats(plan_dir / "meta.json")
-    else:
-        with atomic_dir(plan_dir, keep_existing="meta.json") as tmp:
-            stats = _write_plan(tmp, pools, seq_len, seed, num_tokens, short_fraction, packing, log)
-            write_json(tmp / "meta.json", {"version": CACHE_VERSION, "fingerprint": fingerprint, "stats": stats},
-                       indent=1)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ds = PackedDataset(plan_dir, pools, seq_len=seq_len, pad_id=pad_id, seed=seed, fingerprint=fingerprint, stats=stats)
+    return short_specs
+
+
+def _log_packed(sequences: int, stats: dict[str, Any], seq_len: int, num_tokens: int, short_fraction: float | None,
+                log: Callable[[str], None]) -> None:
+    """What was packed, and where it differs from what was asked (`short_fraction`: None without short data)."""
     packed = stats.get("tokens_packed", stats["tokens"])
     log(f"packed {stats['documents']:,} documents ({stats['tokens']:,} tokens, "
         f"{stats['short_token_fraction']:.1%} short) "
-        f"into {len(ds):,} sequences of {seq_len:,} tokens ({stats['padding_fraction']:.1%} padding)"
+        f"into {sequences:,} sequences of {seq_len:,} tokens ({stats['padding_fraction']:.1%} padding)"
         + (f"; {packed:,} of the tokens fill the budget, the rest is not trained" if packed < stats["tokens"]
            else ""))
     if stats["epochs"] > 1:
         log(f"the data holds {stats['tokens']:,} tokens, fewer than the {num_tokens:,} requested: "
             f"it repeats for {stats['epochs']:.2f} epochs, each in a new order")
-    if short_specs and abs(stats["short_token_fraction"] - short_fraction) > 0.01:
+    if short_fraction is not None and abs(stats["short_token_fraction"] - short_fraction) > 0.01:
         log(f"short data is {stats['short_token_fraction']:.1%} of the tokens, not the {short_fraction:.1%} asked for: "
             "one of the sources ran out")
-    return ds
 
 
 def _cached_stats(meta: Path) -> dict[str, Any]:

@@ -23,8 +23,16 @@ from typing import Any
 
 from longctx.core.errors import InputError
 from longctx.core.files import publish_dir, write_json
-from longctx.extend.dcp import (DCP_DIR, check_inside, check_storage, dcp_quiet, load_dcp, read_metadata,
-                                torch_load, unusable)
+from longctx.extend.dcp import (
+    DCP_DIR,
+    check_inside,
+    check_storage,
+    dcp_quiet,
+    load_dcp,
+    read_metadata,
+    torch_load,
+    unusable,
+)
 from longctx.extend.plan import Plan, lr_multiplier
 from longctx.extend.settings import ExtendSettings
 

@@ -26,9 +26,9 @@ import multiprocessing
 import os
 import time
 from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 

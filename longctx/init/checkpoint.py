@@ -29,9 +29,9 @@ def _write_tokenizer(s: InitSettings, source: Path | None, out: Path):
     """Write the tokenizer `s.tokenizer` asks for (from the folder `source` when it names one) into `out`;
     return it loaded."""
     from longctx.checkpoint.directory import copy_side_files, is_tokenizer_file
-    from longctx.core.files import json_object
     from longctx.checkpoint.paths import code_modules
     from longctx.checkpoint.tokenizer import load_tokenizer, write_reference_tokenizer
+    from longctx.core.files import json_object
     from longctx.init.bpe import train_bpe_tokenizer
 
     if s.tokenizer == "reference":

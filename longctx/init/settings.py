@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from longctx.checkpoint.directory import is_tokenizer_file
-from longctx.core.errors import ref
 from longctx.checkpoint.hub import parse_hub_id
 from longctx.checkpoint.load import trust_remote_code_setting
+from longctx.core.errors import ref
 from longctx.core.kinds import Bool, CheckpointPath, Choice, Int, LocalPath, Overrides
 from longctx.core.settings import REQUIRED, Settings, setting
 from longctx.init.presets import PRESETS

@@ -207,5 +207,13 @@ def register_auto_classes() -> None:
 
 register_auto_classes()  # whoever imports this module gets the Auto classes (idempotent)
 
-__all__ = ["GatedQwen3Config", "GatedQwen3Model", "GatedQwen3ForCausalLM", "GateScore", "record_gate_scores",
-           "register_auto_classes", "causal_lm_class", "gate_width"]
+__all__ = [
+    "GateScore",
+    "GatedQwen3Config",
+    "GatedQwen3ForCausalLM",
+    "GatedQwen3Model",
+    "causal_lm_class",
+    "gate_width",
+    "record_gate_scores",
+    "register_auto_classes",
+]

@@ -10,19 +10,33 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from longctx.checkpoint.hub import cached_file, parse_hub_id
+from longctx.checkpoint.hub import parse_hub_id
 from longctx.core.errors import InputError, SettingError
 from longctx.core.kinds import CheckpointPath, did_you_mean
-from longctx.core.parse import LimitError, check_size, load_yaml, loads
+from longctx.core.parse import LimitError, check_size, load_yaml
 from longctx.core.settings import Settings
-from longctx.recipe.sections import (CHECKPOINT_STAGES, MODEL_SECTIONS, MODEL_STAGES, SOURCES, STAGE_SECTIONS,
-                                     TRAIN_STAGES, LauncherSettings)
+from longctx.recipe.sections import (
+    CHECKPOINT_SOURCE,
+    model_sections,
+    model_stages,
+    sources,
+    stage_sections,
+)
+from longctx.recipe.stage import Lengths, checkpoint_trained_length
+from longctx.recipe.stages import (
+    checkpoint_stages,
+    comparison_stages,
+    evaluation_stages,
+    source_stages,
+    stages,
+)
+from longctx.recipe.types import LauncherSettings, Model, Recipe
 
-TOP_KEYS = ("description", "base", "models", "launcher", *STAGE_SECTIONS)
+# The recipe's own top-level keys; the others are its stages' sections.
+OWN_KEYS = ("description", "base", "models", "launcher")
 # A model name names folders (`<out>/<name>/<stage>/<name>-<stage>`, and a writer's temporary
 # `.<name>-<stage>.tmp-<host>-<pid>-<random>` beside them) and must leave room in a file name's 255 bytes.
 MAX_NAME = 64
@@ -33,25 +47,9 @@ MAX_BASES = 32
 MAX_RECIPE_BYTES = 1 << 20
 
 
-@dataclass
-class Model:
-    name: str
-    source: str  # init | convert | checkpoint
-    settings: Settings | None  # InitSettings or ConvertSettings
-    checkpoint: Path | None = None  # the local checkpoint of `checkpoint:` models
-
-
-@dataclass
-class Recipe:
-    path: Path
-    models: list[Model]
-    stages: dict[str, Settings]  # stage -> its section, in the order of MODEL_STAGES + compare
-    launcher: LauncherSettings
-    description: str | None = None
-    raw: dict[str, Any] = field(default_factory=dict)
-
-    def last_checkpoint_stage(self) -> str:
-        return next((s for s in reversed(CHECKPOINT_STAGES) if s in self.stages), "model")
+def last_checkpoint_stage(recipe: Recipe) -> str:
+    """The recipe's last checkpoint stage ("model": it has none), what evaluations evaluate by default."""
+    return next((s for s in reversed(checkpoint_stages()) if s in recipe.stages), "model")
 
 
 def _fail(file: str, where: str, what: str) -> InputError:
@@ -128,7 +126,7 @@ def parse_section(cls: type[Settings], raw: Any, file: str, where: str, offline_
 
 def _anchor_doc(raw: dict[str, Any], base: Path) -> dict[str, Any]:
     out = dict(raw)
-    for name, cls in STAGE_SECTIONS.items():
+    for name, cls in stage_sections().items():
         if name in out:
             out[name] = _anchor(cls, out[name], base)
     models = out.get("models")
@@ -141,11 +139,12 @@ def _anchor_model(raw: Any, base: Path) -> Any:
     if not isinstance(raw, dict):
         return raw
     out = {}
+    sections = model_sections()
     for source, value in raw.items():
-        if source == "checkpoint" and value is not None:
+        if source == CHECKPOINT_SOURCE and value is not None:
             out[source] = CheckpointPath().resolve(value, base)
-        elif source in MODEL_SECTIONS:
-            out[source] = _anchor(MODEL_SECTIONS[source], value, base)
+        elif source in sections:
+            out[source] = _anchor(sections[source], value, base)
         else:
             out[source] = value
     return out
@@ -219,12 +218,14 @@ def _model(file: str, name: Any, raw: Any, offline_data: bool) -> Model:
         shown = repr(name) if len(str(name)) <= 80 else f"{str(name)[:40]!r}... ({len(str(name))} characters)"
         raise _fail(file, "models", f"has a bad model name {shown} (letters, digits, '_', '.', '-', at most "
                                     f"{MAX_NAME} characters; not 'compare')")
-    if not isinstance(raw, dict) or len(raw) != 1 or next(iter(raw)) not in SOURCES:
+    known = sources()
+    if not isinstance(raw, dict) or len(raw) != 1 or next(iter(raw)) not in known:
         keys = ", ".join(map(str, raw)) if isinstance(raw, dict) else repr(raw)
-        hint = did_you_mean(str(next(iter(raw))), SOURCES) if isinstance(raw, dict) and len(raw) == 1 else ""
-        raise _fail(file, where, f"must have exactly one of init, convert or checkpoint, got {keys}{hint}")
+        hint = did_you_mean(str(next(iter(raw))), known) if isinstance(raw, dict) and len(raw) == 1 else ""
+        one_of = f"{', '.join(known[:-1])} or {known[-1]}"
+        raise _fail(file, where, f"must have exactly one of {one_of}, got {keys}{hint}")
     source, value = next(iter(raw.items()))
-    if source == "checkpoint":
+    if source == CHECKPOINT_SOURCE:
         if not isinstance(value, str) or not value.strip():
             raise _fail(file, f"{where}.checkpoint", f"must be a path, got {value!r}")
         path = Path(value)
@@ -235,44 +236,46 @@ def _model(file: str, name: Any, raw: Any, offline_data: bool) -> Model:
             raise _fail(file, f"{where}.checkpoint", f"'{path}' {what}: model path missing (give a local "
                                                      "transformers checkpoint directory)")
         return Model(name, source, None, path)
-    settings = parse_section(MODEL_SECTIONS[source], value, file, f"{where}.{source}", offline_data)
-    if source == "convert" and not Path(settings.source).is_dir() and parse_hub_id(settings.source) is None:
-        raise _fail(file, f"{where}.convert.source", f"'{settings.source}' does not exist: model path missing "
-                                                     "(the released checkpoint's local folder)")
+    stage = source_stages()[source]
+    settings = parse_section(stage.section, value, file, f"{where}.{source}", offline_data)
+    stage.check_model(settings, file, f"{where}.{source}")
     return Model(name, source, settings)
 
 
 def source_length(model: Model) -> int | None:
     """The length the starting checkpoint was trained at, when it can be known before anything runs."""
-    from longctx.checkpoint.rope import read_rope
-    from longctx.init.presets import PRESETS
-
-    if model.source == "init":
-        return {**PRESETS[model.settings.preset], **model.settings.config}.get("max_position_embeddings")
-    spec = str(model.checkpoint) if model.source == "checkpoint" else model.settings.source
-    cfg_path = (cached_file(spec, "config.json") if parse_hub_id(spec) else Path(spec) / "config.json")
-    if cfg_path is None:  # a Hub checkpoint not downloaded yet
-        return None
-    try:
-        return read_rope(loads(cfg_path.read_text(encoding="utf-8"))).trained_length
-    except (OSError, ValueError, AttributeError):
-        return None
+    if model.source == CHECKPOINT_SOURCE:
+        return checkpoint_trained_length(str(model.checkpoint))
+    return source_stages()[model.source].trained_length(model.settings)
 
 
-def trained_length(recipe: Recipe, model: Model) -> int | None:
-    """The length the model is trained at before YaRN: the last training stage's, else the source's."""
-    for stage in reversed(TRAIN_STAGES):
-        if stage in recipe.stages:
-            return recipe.stages[stage].seq_len
-    return source_length(model)
+def model_lengths(recipe: Recipe, model: Model) -> dict[str, Lengths]:
+    """What each checkpoint of `model` can do (its source's, "model", then each checkpoint stage's in order), as
+    far as it can be known before anything runs."""
+    src = source_length(model)
+    out = {"model": Lengths(src, src)}
+    before = out["model"]
+    for name, stage in checkpoint_stages().items():
+        if name in recipe.stages:
+            before = out[name] = stage.lengths(recipe.stages[name], before)
+    return out
 
 
-def reachable_length(recipe: Recipe, model: Model) -> int | None:
-    yarn = recipe.stages.get("yarn")
-    trained = (yarn.original_max_position_embeddings if yarn else None) or trained_length(recipe, model)
-    if trained is None:
-        return None
-    return int(trained * yarn.factor) if yarn else trained
+def top_keys() -> tuple[str, ...]:
+    return (*OWN_KEYS, *stage_sections())
+
+
+def _sections(raw: dict[str, Any], file: str, names: list[str], offline_data: bool) -> dict[str, Settings]:
+    """The stage sections of the recipe, in stage order; comparisons are read (and checked against the model
+    names) first: a misnamed baseline is the first thing to say."""
+    comparisons = comparison_stages()
+    sections = stage_sections()
+    parsed = {}
+    for name in sorted((n for n in sections if n in raw), key=lambda n: n not in comparisons):
+        parsed[name] = parse_section(sections[name], raw[name], file, name, offline_data)
+        if name in comparisons:
+            comparisons[name].check_section(parsed[name], names, file)
+    return {name: parsed[name] for name in sections if name in parsed}
 
 
 def load_recipe(path: str | os.PathLike, offline_data: bool = True) -> Recipe:
@@ -281,60 +284,39 @@ def load_recipe(path: str | os.PathLike, offline_data: bool = True) -> Recipe:
     path = Path(path)
     raw = read_yaml(path)
     file = str(path)
-    unknown = [k for k in raw if k not in TOP_KEYS]
+    known = top_keys()
+    unknown = [k for k in raw if k not in known]
     if unknown:
         k = str(unknown[0])
-        raise InputError(f"{file}: unknown key or stage '{k}'{did_you_mean(k, TOP_KEYS)} "
-                         f"(known: {', '.join(TOP_KEYS)})")
+        raise InputError(f"{file}: unknown key or stage '{k}'{did_you_mean(k, known)} (known: {', '.join(known)})")
     models_raw = raw.get("models")
     if not isinstance(models_raw, dict) or not models_raw:
-        raise _fail(file, "models", "must map model names to init/convert/checkpoint, e.g. "
+        raise _fail(file, "models", f"must map model names to {'/'.join(sources())}, e.g. "
                                     "{baseline: {init: {preset: tiny, attention: baseline}}}")
     models = [_model(file, name, spec, offline_data) for name, spec in models_raw.items()]
-    names = [m.name for m in models]
-    # compare first: a misnamed baseline is the first thing to say; the stages keep their order
-    order = ["compare", *(n for n in STAGE_SECTIONS if n != "compare")]
-    parsed = {}
-    for name in (n for n in order if n in raw):
-        parsed[name] = parse_section(STAGE_SECTIONS[name], raw[name], file, name, offline_data)
-        b = parsed[name].baseline if name == "compare" else None
-        if b is not None and b not in names:
-            raise _fail(file, "compare.baseline", f"'{b}' is not a model of this recipe ({', '.join(names)})"
-                                                   f"{did_you_mean(b, names)}")
-    stages = {name: parsed[name] for name in STAGE_SECTIONS if name in parsed}
-    if not any(s in stages for s in MODEL_STAGES):
-        raise InputError(f"{file}: no stage; add at least one of {', '.join(MODEL_STAGES)}")
+    sections = _sections(raw, file, [m.name for m in models], offline_data)
+    if not any(s in sections for s in model_stages()):
+        raise InputError(f"{file}: no stage; add at least one of {', '.join(model_stages())}")
     launcher = parse_section(LauncherSettings, raw.get("launcher"), file, "launcher")
     description = raw.get("description")
     if description is not None and (not isinstance(description, str) or not description.strip()):
         raise _fail(file, "description", f"must be a string, got {description!r}")
-    recipe = Recipe(path, models, stages, launcher, description, raw)
+    recipe = Recipe(path, models, sections, launcher, description, raw)
     _check(recipe)
     return recipe
 
 
 def _check(recipe: Recipe) -> None:
-    """Checks across sections: names that must exist, lengths the checkpoints can reach."""
+    """Checks across sections: the checkpoints an evaluation names exist, then each stage's own (comparisons
+    first)."""
     file, st = str(recipe.path), recipe.stages
-    allowed = ("model", *[s for s in CHECKPOINT_STAGES if s in st])
-    for stage in ("ruler", "sinks"):
-        for c in (st[stage].checkpoints or []) if stage in st else []:
+    allowed = ("model", *[s for s in checkpoint_stages() if s in st])
+    for name in evaluation_stages():
+        for c in (st[name].checkpoints or []) if name in st else []:
             if c not in allowed:
-                raise _fail(file, f"{stage}.checkpoints", f"names '{c}', not a checkpoint of this recipe "
-                                                          f"(choose from {', '.join(allowed)})")
-    if "compare" in st:
-        if "ruler" not in st:
-            raise _fail(file, "compare", "needs a ruler stage (it compares RULER runs)")
-        ref = st["compare"].reference
-        if ref is not None and ref not in st["ruler"].lengths:
-            raise _fail(file, "compare.reference", f"{ref} is not one of ruler.lengths")
-    if "ruler" in st:
-        longest = st["ruler"].lengths[-1]
-        for m in recipe.models:
-            reach = reachable_length(recipe, m)
-            if reach is not None and longest > reach:
-                trained = trained_length(recipe, m)
-                how = (f"yarn.factor {st['yarn'].factor:g} on the {trained}-token trained length reaches {reach}"
-                       if "yarn" in st else f"{m.name} is trained at {trained} tokens and there is no yarn stage")
-                raise _fail(file, "ruler.lengths", f"go up to {longest} but {how}; the largest reachable length "
-                                                   f"is {reach} (lower the lengths or raise the factor)")
+                raise _fail(file, f"{name}.checkpoints", f"names '{c}', not a checkpoint of this recipe "
+                                                         f"(choose from {', '.join(allowed)})")
+    comparisons = comparison_stages()
+    for name, stage in sorted(stages().items(), key=lambda item: item[0] not in comparisons):
+        if name in st:
+            stage.check(recipe)

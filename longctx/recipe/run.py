@@ -2,9 +2,9 @@
 
     longctx run recipes/tiny-cpu.yaml [-o runs/tiny-cpu] [--from extend] [--dry-run]
 
-Stages, in order, for every model: the model itself (`init` a fresh checkpoint, `convert` a released
-one, or a local `checkpoint`), `pretrain`, `extend`, `yarn`, `ruler`, `sinks`; then `compare` across
-models. Each stage directory holds a `stage.json` marker with a hash of the stage's settings and its
+Stages, in order (`longctx.recipe.stages`), for every model: the model itself (`init` a fresh checkpoint,
+`convert` a released one, or a local `checkpoint`), `pretrain`, `extend`, `yarn`, `ruler`, `sinks`; then
+`compare` across models. Each stage directory holds a `stage.json` marker with a hash of the stage's settings and its
 inputs' fingerprints and, once the stage is complete, the sha256 of every file the stage wrote into its folder.
 A stage whose marker matches, is complete and whose files are as it wrote them is skipped, one that was
 interrupted resumes, and a changed setting, a changed input or a changed file (edited, added or removed by
@@ -18,37 +18,39 @@ deleted; longctx's own bookkeeping (the marker, ownership marks, locks, writers'
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import os
 import shlex
 import shutil
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from longctx.checkpoint.hub import cached_file, download_command, parse_hub_id
 from longctx.core.clock import utc_timestamp
 from longctx.core.errors import InputError, SettingError
-from longctx.core.files import OWNER_FILE, check_output, make_output, temporary_target, write_json
-from longctx.core.locks import LOCK_FILE
-from longctx.core.hashing import hash_json, tree_files, tree_hashes
+from longctx.core.files import check_output, make_output, write_json
+from longctx.core.hashing import hash_json
 from longctx.core.kinds import Bool, Choice, LocalPath, did_you_mean
-from longctx.core.parse import loads
 from longctx.core.settings import REQUIRED, Settings, setting
 from longctx.data.sources import uncached_dataset
-from longctx.recipe.load import Recipe, load_recipe
-from longctx.recipe.plan import Step, launch_command, machine_rank, plan, recipe_data, recipe_inputs
-from longctx.recipe.sections import MODEL_SECTIONS, MODEL_STAGES, STAGE_SECTIONS
-from longctx.report.compare import COMPARISON_KIND
+from longctx.recipe.launch import machine_rank
+from longctx.recipe.load import load_recipe
+from longctx.recipe.markers import (
+    MARKER,
+    changed_file,
+    check_foreign,
+    read_marker,
+    stage_hashes,
+)
+from longctx.recipe.plan import plan, recipe_data, recipe_inputs
+from longctx.recipe.stage import ComparisonStage, RunContext, Step
+from longctx.recipe.stages import stage, stage_names
+from longctx.recipe.types import Recipe
 
-# What `--from` accepts: the model sources that are stages of their own, then the stages in order.
-FROM_STAGES = ("init", "convert", *MODEL_STAGES, "compare")
-MARKER = "stage.json"
+__all__ = ["MARKER", "RunSettings", "default_output", "run_recipe", "stage_key"]
 RECIPE_KIND = "recipe run"  # the output folder's `longctx.core.files` marker
 
 
@@ -57,8 +59,8 @@ class RunSettings(Settings):
     recipe: str = setting(REQUIRED, LocalPath(), "Recipe to run (recipes/*.yaml).", cli="argument")
     output: str | None = setting(None, LocalPath(directory=True), "Output folder [default: runs/<recipe name>].",
                                  short="-o")
-    from_stage: str | None = setting(None, Choice(FROM_STAGES, "stage"), "Rerun from this stage on; the stages "
-                                                                         "before it must have run.", flag="--from")
+    from_stage: str | None = setting(None, Choice(stage_names, "stage"),
+                                     "Rerun from this stage on; the stages before it must have run.", flag="--from")
     dry_run: bool = setting(False, Bool(), "Print the plan (settings, outputs, run/skip, launch lines); run nothing.")
 
     def output_path(self) -> str:
@@ -68,73 +70,6 @@ class RunSettings(Settings):
 def default_output(recipe: str | os.PathLike, output: str | os.PathLike | None) -> Path:
     """A recipe run's output folder: `output`, else runs/<recipe name>."""
     return Path(output) if output is not None else Path("runs") / Path(recipe).stem
-
-
-# --- stage markers ---------------------------------------------------------------------------------
-
-
-def _read_marker(d: Path) -> dict[str, Any] | None:
-    try:
-        m = loads((d / MARKER).read_text(encoding="utf-8"))
-        return m if isinstance(m, dict) else None
-    except (OSError, ValueError):  # none, torn or over a limit: the stage has not run
-        return None
-
-
-def _bookkeeping(name: str) -> bool:
-    """A file longctx keeps beside a stage's outputs, not an output itself: the stage marker, an ownership mark,
-    a lock, a writer's temporary."""
-    return (name in (MARKER, OWNER_FILE) or name.endswith(LOCK_FILE)
-            or temporary_target(name, any_process=True) is not None)
-
-
-def _stage_hashes(d: Path) -> dict[str, str]:
-    """sha256 of every file in the stage folder `d` but the bookkeeping, by relative path."""
-    return tree_hashes(d, _bookkeeping)
-
-
-def _changed_file(step: Step, marker: dict[str, Any]) -> str | None:
-    """How the files of the complete stage in `step.dir` differ from what it recorded writing (the first
-    difference), or None when they do not."""
-    recorded = marker.get("files")
-    if not isinstance(recorded, dict):
-        return "it has no record of the files it wrote"
-    found = _stage_hashes(step.dir)
-    for rel in sorted(set(recorded) | set(found)):
-        if rel not in found:
-            return f"{rel} was removed"
-        if rel not in recorded:
-            return f"{rel} was added"
-        if found[rel] != recorded[rel]:
-            return f"{rel} was changed"
-    return None
-
-
-def _foreign_files(step: Step) -> list[str]:
-    """Files in the stage folder that its stage did not write (relative paths): with a record of what it wrote
-    (a complete stage), those not in it; otherwise the entries beside its outputs that are neither one of them
-    (nor named after one, as extend's `OUTPUT.train`) nor bookkeeping."""
-    marker = _read_marker(step.dir)
-    recorded = marker.get("files") if marker and marker.get("complete") else None
-    if isinstance(recorded, dict):
-        return [rel for rel in tree_files(step.dir, _bookkeeping) if rel not in recorded]
-    if step.dir in step.outputs:  # the folder is the output itself (compare): nothing tells its files apart
-        return []
-    outputs = {p.name for p in step.outputs if p.parent == step.dir}
-    return sorted(n for n in os.listdir(step.dir) if not _bookkeeping(n)
-                  and not any(n == o or n.startswith(f"{o}.") for o in outputs))
-
-
-def _check_foreign(step: Step) -> None:
-    """InputError when the folder of `step`, which runs again (and so is replaced), holds a file its stage did
-    not write."""
-    if step.status != "run" or not step.dir.is_dir():
-        return
-    foreign = _foreign_files(step)
-    if foreign:
-        more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
-        raise InputError(f"'{step.dir / foreign[0]}'{more} was not written by the {step.stage} stage, whose folder "
-                         f"a rerun replaces ({step.reason}); move it out of '{step.dir}' first")
 
 
 def _local_input(path: Path) -> Path | None:
@@ -172,8 +107,7 @@ def _input_fingerprint(path: Path) -> str:
 
 def stage_key(step: Step) -> str:
     inputs = [_input_fingerprint(p) for p in step.inputs]
-    if step.stage == "compare":  # its loss table reads the training logs
-        inputs += [_input_fingerprint(Path(p)) for p in step.settings["train_logs"] if Path(p).is_dir()]
+    inputs += [_input_fingerprint(p) for p in step.hashed if p.is_dir()]
     return hash_json({"stage": step.stage, "settings": step.settings, "inputs": inputs})
 
 
@@ -182,7 +116,7 @@ def _decide(step: Step, forced: str | None) -> None:
     if forced:
         step.status, step.reason = "run", forced
         return
-    marker = _read_marker(step.dir)
+    marker = read_marker(step.dir)
     if marker is None:
         step.status, step.reason = "run", "not run yet"
         return
@@ -195,7 +129,7 @@ def _decide(step: Step, forced: str | None) -> None:
         step.status, step.reason = "resume", "interrupted"
     elif not all(p.exists() for p in step.outputs):
         step.status, step.reason = "run", "outputs missing"
-    elif (changed := _changed_file(step, marker)) is not None:
+    elif (changed := changed_file(step, marker)) is not None:
         step.status, step.reason = "run", f"its files differ from what it wrote: {changed}"
     else:
         step.status, step.reason = "skip", "up to date"
@@ -204,9 +138,10 @@ def _decide(step: Step, forced: str | None) -> None:
 def _forced(s: Step, from_stage: str | None, ran: set[str | None]) -> str | None:
     """Why `s` must run whatever its marker says: --from reached it, or an earlier stage of its model ran
     (compare: of any model)."""
-    if from_stage and FROM_STAGES.index(s.stage) >= FROM_STAGES.index(from_stage):
+    order = stage_names()
+    if from_stage and order.index(s.stage) >= order.index(from_stage):
         return f"--from {from_stage}"
-    if s.model in ran or (s.stage == "compare" and ran):
+    if s.model in ran or (isinstance(stage(s.stage), ComparisonStage) and ran):
         return f"an earlier stage of {s.model or 'a model'} runs"
     return None
 
@@ -214,101 +149,16 @@ def _forced(s: Step, from_stage: str | None, ran: set[str | None]) -> str | None
 # --- running stages ----------------------------------------------------------------------------------
 
 
-def _run_train(recipe: Recipe, step: Step, resume: bool, log: Callable[[str], None]) -> None:
-    job = dataclasses.replace(step.jobs[0], resume=resume)
-    if recipe.launcher.num_processes > 1:
-        shown, cmd = launch_command(recipe, job)
-        log(f"$ {shlex.join(shown)}")
-        rc = subprocess.run(cmd).returncode
-        if rc != 0:
-            raise RuntimeError(f"{step.label}: the launched training exited with code {rc}")
-        return
-    from longctx.extend.loop import extend
-
-    extend(job)
-
-
-def _run_ruler(step: Step, log: Callable[[str], None]) -> None:
-    from longctx.eval.runner import run_ruler
-    from longctx.report.run import write_report
-
-    for job in step.jobs:
-        log(f"ruler {Path(job.output).name}")
-        run_ruler(job, log=log)
-        log(write_report(job.output, plot=job.plot, intervals=job.intervals).markdown.split("\n\n")[0])
-
-
-def _run_sinks(step: Step, log: Callable[[str], None]) -> None:
-    from longctx.report.sinks import write_sinks_report
-    from longctx.sinks.measure import measure_sinks
-
-    ruler_dir = step.dir.parent / "ruler"
-    for job in step.jobs:
-        outcome = measure_sinks(job, log=log)
-        log(write_sinks_report(job.output, plot=job.plot).markdown.split("\n\n")[0])
-        # `longctx compare` shows sink columns for RULER runs that hold a sinks.json
-        run_dir = ruler_dir / Path(job.output).name
-        if (run_dir / "results.json").is_file():
-            shutil.copy2(outcome.file, run_dir / "sinks.json")
-            _record_files(ruler_dir)
-
-
-def _record_files(d: Path) -> None:
-    """Record anew the files of the complete stage in `d`, after a later stage added one of its own there."""
-    marker = _read_marker(d)
-    if marker is not None and marker.get("complete"):
-        write_json(d / MARKER, {**marker, "files": _stage_hashes(d)})
-
-
-def comparison_text(compare_dir: Path) -> str:
-    """What a run ends by printing: the comparison table, and the training losses when there was training."""
-    text = (compare_dir / "compare.md").read_text(encoding="utf-8").rstrip()
-    if (compare_dir / "loss.md").is_file():
-        text += "\n\nTraining loss:\n\n" + (compare_dir / "loss.md").read_text(encoding="utf-8").rstrip()
-    return text
-
-
-def _run_compare(step: Step, log: Callable[[str], None]) -> str:
-    from longctx.report.compare import compare
-    from longctx.report.loss import training_curves
-
-    compare(step.jobs[0])
-    for note in training_curves([Path(p) for p in step.settings["train_logs"]], step.outputs[0])[2]:
-        log(f"note: {note}")
-    return comparison_text(step.outputs[0])
-
-
 def _execute(recipe: Recipe, step: Step, log: Callable[[str], None]) -> str | None:
-    if step.stage == "init":
-        from longctx.init.checkpoint import init_checkpoint
-
-        init_checkpoint(step.jobs[0])
-    elif step.stage == "convert":
-        from longctx.convert.official import convert_checkpoint
-
-        convert_checkpoint(step.jobs[0])
-    elif step.stage in ("pretrain", "extend"):
-        _run_train(recipe, step, step.status == "resume", log)
-    elif step.stage == "yarn":
-        from longctx.yarn.scaling import yarn_checkpoint
-
-        yarn_checkpoint(step.jobs[0])
-    elif step.stage == "ruler":
-        _run_ruler(step, log)
-    elif step.stage == "sinks":
-        _run_sinks(step, log)
-    elif step.stage == "compare":
-        return _run_compare(step, log)
-    return None
+    """Run the step by its stage; a comparison returns the text the run ends by printing."""
+    return stage(step.stage).run(step, RunContext(recipe, log))
 
 
 def _in_recipe(recipe: Recipe, step: Step, e: SettingError) -> InputError:
     """A setting error raised while a stage runs, named as the recipe wrote it."""
-    if step.stage in MODEL_SECTIONS:
-        cls, where = MODEL_SECTIONS[step.stage], f"models.{step.model}.{step.stage}"
-    else:
-        cls, where = STAGE_SECTIONS[step.stage], step.stage
-    return InputError(f"{recipe.path}: {step.label}: {e.render(lambda n: f'{where}.{cls.key(n)}')}")
+    st = stage(step.stage)
+    where = st.where(step.model)
+    return InputError(f"{recipe.path}: {step.label}: {e.render(lambda n: f'{where}.{st.section.key(n)}')}")
 
 
 # --- the run --------------------------------------------------------------------------------------
@@ -318,8 +168,9 @@ def _describe(step: Step) -> str:
     """The step's settings that differ from the verb's defaults (plus the plan's own keys)."""
     cls = type(step.jobs[0]) if step.jobs else None
     names = {f.name for f, _ in cls.specs()} if cls is not None else set()
+    hidden = stage(step.stage).unshown
     shown = {k: v for k, v in step.settings.items()
-             if k != "train_logs" and not (k in names and v == cls.default(k))}
+             if k not in hidden and not (k in names and v == cls.default(k))}
     return " ".join(f"{k}={json.dumps(v, default=str)}" for k, v in shown.items())
 
 
@@ -333,9 +184,10 @@ class RecipeResult:
 def _check_from(recipe: Recipe, steps: list[Step], from_stage: str | None) -> None:
     if from_stage is None:
         return
-    if from_stage not in FROM_STAGES:
-        raise InputError(f"--from {from_stage}: unknown stage{did_you_mean(from_stage, FROM_STAGES)} "
-                         f"(stages: {', '.join(FROM_STAGES)})")
+    known = stage_names()
+    if from_stage not in known:
+        raise InputError(f"--from {from_stage}: unknown stage{did_you_mean(from_stage, known)} "
+                         f"(stages: {', '.join(known)})")
     present = {s.stage for s in steps}
     if from_stage not in present:
         raise InputError(f"--from {from_stage}: {recipe.path} has no {from_stage} stage "
@@ -356,7 +208,7 @@ def _decide_all(steps: list[Step], from_stage: str | None) -> None:
         if s.status != "skip":
             ran.add(s.model)
     for s in steps:
-        _check_foreign(s)
+        check_foreign(s)
 
 
 def _dry_run(recipe: Recipe, steps: list[Step], from_stage: str | None, log: Callable[[str], None]) -> None:
@@ -390,13 +242,13 @@ def _run_steps(recipe: Recipe, out: Path, steps: list[Step], from_stage: str | N
         if rank != 0:  # the other machines only join the multi-process training runs of machine rank 0
             if s.launch is not None:
                 log(f"machine rank {rank}: {s.label}")
-                _run_train(recipe, s, False, log)
+                _execute(recipe, s, log)
             continue
         _decide(s, _forced(s, from_stage, ran))
         if s.status == "skip":
             log(f"skip {s.label}: up to date")
-            if s.stage == "compare":
-                comparison = comparison_text(s.outputs[0])
+            if isinstance(stage(s.stage), ComparisonStage):
+                comparison = stage(s.stage).text(s)
             continue
         ran.add(s.model)
         missing = [p for p in s.inputs if not _fetchable(p)]
@@ -408,13 +260,13 @@ def _run_steps(recipe: Recipe, out: Path, steps: list[Step], from_stage: str | N
                   "inputs": [str(p) for p in s.inputs], "outputs": [str(p) for p in s.outputs], "complete": False,
                   "started": utc_timestamp()}
         if s.status == "run" and s.dir.exists():
-            _check_foreign(s)
+            check_foreign(s)
             shutil.rmtree(s.dir)
         if rank == 0:
             make_output(out, RECIPE_KIND)
         s.dir.mkdir(parents=True, exist_ok=True)
-        if s.stage == "compare":  # its stage folder is the comparison's output folder
-            make_output(s.dir, COMPARISON_KIND)
+        if s.dir in s.outputs:  # the stage folder is its output (a comparison's): marked as the verb marks it
+            make_output(s.dir, stage(s.stage).output_kind)
         write_json(s.dir / MARKER, marker)
         t = time.time()
         try:
@@ -422,7 +274,7 @@ def _run_steps(recipe: Recipe, out: Path, steps: list[Step], from_stage: str | N
         except SettingError as e:
             raise _in_recipe(recipe, s, e) from None
         write_json(s.dir / MARKER, {**marker, "complete": True, "seconds": round(time.time() - t, 1),
-                                    "files": _stage_hashes(s.dir)})
+                                    "files": stage_hashes(s.dir)})
         if text is not None:
             comparison = text
     return comparison
@@ -436,7 +288,7 @@ def run_recipe(path: str | os.PathLike, out_dir: str | os.PathLike | None = None
     steps = plan(recipe, out)
     _check_from(recipe, steps, from_stage)
     for s in steps:
-        if s.dir.exists() and _read_marker(s.dir) is None and any(s.dir.iterdir()):
+        if s.dir.exists() and read_marker(s.dir) is None and any(s.dir.iterdir()):
             raise InputError(f"'{s.dir}' exists and was not written by 'longctx run'; choose another -o")
     log(f"recipe {recipe.path}: {len(recipe.models)} models ({', '.join(m.name for m in recipe.models)}), "
         f"stages {', '.join(dict.fromkeys(s.stage for s in steps))}; output {out}")
@@ -447,7 +299,7 @@ def run_recipe(path: str | os.PathLike, out_dir: str | os.PathLike | None = None
         if machine_rank(recipe) == 0:
             # checked, owned and locked as every verb's output (an older run's folder: one a stage wrote in)
             held.enter_context(check_output(out, RECIPE_KIND,
-                                            legacy=lambda d: any(_read_marker(s.dir) is not None for s in steps)))
+                                            legacy=lambda d: any(read_marker(s.dir) is not None for s in steps)))
             _decide_all(steps, from_stage)  # refuses before anything runs
         t0 = time.time()
         comparison = _run_steps(recipe, out, steps, from_stage, log)

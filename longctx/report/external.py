@@ -207,7 +207,7 @@ def read_ruler(path: Path) -> Results:
     lengths = sorted(found)
     per = {L: _read_summary(found[L]) for L in lengths}
     tasks = list(dict.fromkeys(t for L in lengths for t in per[L][0]))
-    cell = lambda i: {t: {L: per[L][i].get(t) for L in lengths} for t in tasks}  # noqa: E731
+    cell = lambda i: {t: {L: per[L][i].get(t) for L in lengths} for t in tasks}
     return _from_scores(path.name, "ruler", path, cell(0), cell(1), cell(2), lengths)
 
 

@@ -11,7 +11,6 @@ from longctx.core.parse import loads
 from longctx.extend.output import LOG_FILE
 
 
-
 def read_train_log(path: Path) -> list[dict[str, Any]]:
     """The steps of a train_log.jsonl that carry a loss (a torn or foreign line is skipped)."""
     rows = []

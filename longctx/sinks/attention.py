@@ -161,7 +161,7 @@ class Collector:
         self.m_act: list[list] = [[] for _ in layers]  # per layer: per-window maxima (tensors)
         self.variant = attention_variant(model.config)
         if self.variant != "baseline":
-            z = lambda dt: torch.zeros(self.n_layers, self.heads, dtype=dt, device=device)  # noqa: E731
+            z = lambda dt: torch.zeros(self.n_layers, self.heads, dtype=dt, device=device)
             self.g_sum, self.g_n = z(torch.float64), z(torch.int64)
             self.g_01, self.g_05 = z(torch.int64), z(torch.int64)
             self.g_hist = torch.zeros(self.n_layers, self.heads, GATE_BINS, dtype=torch.int64, device=device)

@@ -30,8 +30,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from longctx.checkpoint.describe import model_info
+from longctx.checkpoint.directory import checkpoint_dir, fingerprint, read_config, versions
+from longctx.checkpoint.load import load_model, model_config
+from longctx.checkpoint.rope import read_rope
+from longctx.checkpoint.rope_settings import check_context
+from longctx.checkpoint.tokenizer import load_tokenizer, special_tokens_added
+from longctx.core.clock import utc_timestamp
 from longctx.core.errors import InputError
+from longctx.core.files import RULER_RUN_KIND, check_output, make_output, write_json
+from longctx.data.sources import iter_documents
+from longctx.data.synthetic import KINDS
+from longctx.sinks.attention import Collector, register_attention
 from longctx.sinks.schema import DEFINITIONS, SINKS_FILE, SINKS_FORMAT, SINKS_KIND, SinksResults
 from longctx.sinks.settings import DEFAULT_MAX_LENGTH, SinksSettings
 
@@ -43,8 +55,6 @@ class SinksOutcome:
 
 
 def default_data_spec() -> str:
-    from longctx.data.synthetic import KINDS
-
     return f"synthetic:{KINDS[0]}"
 
 
@@ -52,9 +62,6 @@ def token_windows(tokenizer, spec: str, windows: int, length: int, seed: int = 0
     """`windows` windows of `length` token ids: the documents of `spec` tokenized and concatenated (EOS
     between documents), cut into consecutive pieces, each behind the BOS the tokenizer adds (if any),
     so token 0 is what the model sees first in ordinary use. Returns (windows, whether BOS leads them)."""
-    from longctx.checkpoint.tokenizer import special_tokens_added
-    from longctx.data.sources import iter_documents
-
     bos = [tokenizer.bos_token_id] if special_tokens_added(tokenizer) and tokenizer.bos_token_id is not None else []
     body = length - len(bos)
     need = windows * body
@@ -74,9 +81,6 @@ def token_windows(tokenizer, spec: str, windows: int, length: int, seed: int = 0
 
 def _load_model(ckpt: Path, dtype: str, device: str, trust_remote_code: bool):
     """The model with longctx's attention function, refused unless it has the decoder stack the hooks read."""
-    from longctx.checkpoint.load import load_model
-    from longctx.sinks.attention import register_attention
-
     model = load_model(ckpt, dtype=dtype, attn_implementation=register_attention(),
                        trust_remote_code=trust_remote_code)
     if not len(getattr(model.base_model, "layers", None) or ()):
@@ -89,8 +93,6 @@ def _forward_all(model, windows: list[list[int]], batch_size: int, chunk: int | 
     """Run every window through the decoder with the collector's hooks; (collector, its summary)."""
     import torch
     from tqdm import tqdm
-
-    from longctx.sinks.attention import Collector
 
     collector = Collector(model, chunk)
     try:
@@ -121,26 +123,8 @@ def measure_sinks(s: SinksSettings, progress: bool = True, log: Callable[[str], 
     """
     import torch
 
-    from longctx.checkpoint.describe import model_info
-    from longctx.checkpoint.directory import checkpoint_dir, fingerprint, read_config, versions
-    from longctx.checkpoint.load import model_config
-    from longctx.checkpoint.rope import check_context, read_rope
-    from longctx.checkpoint.tokenizer import load_tokenizer
-    from longctx.core.clock import utc_timestamp
-    from longctx.core.files import RULER_RUN_KIND, check_output, make_output, write_json
-
     t0 = time.time()
-    s.check_inputs()
-    ckpt = checkpoint_dir(s.checkpoint, weights=True)
-    rope = read_rope(read_config(ckpt))
-    out = Path(s.output)
-    check_output(out, (SINKS_KIND, RULER_RUN_KIND), inputs=[("checkpoint", ckpt)])
-    length = s.length or min(rope.trained_length or DEFAULT_MAX_LENGTH, DEFAULT_MAX_LENGTH)
-    check_context(ckpt, rope, length)
-    # Before any measuring: a config transformers cannot build, and a tokenizer that encodes text to nothing
-    # (a folder with tokenizer_config.json only), which would otherwise give numbers computed from no text.
-    model_config(ckpt, trust_remote_code=s.trust_remote_code)
-    tokenizer = load_tokenizer(ckpt, s.trust_remote_code)
+    ckpt, length, tokenizer = _checked_inputs(s)
     device = s.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = s.dtype or ("float32" if device == "cpu" else "auto")
     n_windows = math.ceil(s.tokens / length)
@@ -155,22 +139,44 @@ def measure_sinks(s: SinksSettings, progress: bool = True, log: Callable[[str], 
     collector, stats = _forward_all(model, windows, s.batch_size, s.chunk, device, progress)
     t_done = time.time()
 
+    settings = {"data": spec, "tokens": s.tokens, "windows": n_windows, "length": length,
+                "tokens_used": n_windows * length, "bos": bos, "seed": s.seed, "batch_size": s.batch_size,
+                "chunk": s.chunk, "dtype": model_dtype, "device": device, **collector.attention_settings()}
+    timings = {"load_s": round(t_loaded - t0, 3), "forward_s": round(t_done - t_loaded, 3),
+               "total_s": round(t_done - t0, 3), "tokens_per_s": round(n_windows * length / (t_done - t_loaded), 1)}
+    results = _results(model_info(ckpt, fp, s.trust_remote_code), settings, collector, stats, timings)
+    out = Path(s.output)
+    make_output(out, SINKS_KIND)
+    write_json(out / SINKS_FILE, results)
+    return SinksOutcome(results, out / SINKS_FILE)
+
+
+def _checked_inputs(s: SinksSettings) -> tuple[Path, int, Any]:
+    """The checkpoint, the window length and the tokenizer; every refusal comes before any measuring."""
+    s.check_inputs()
+    ckpt = checkpoint_dir(s.checkpoint, weights=True)
+    rope = read_rope(read_config(ckpt))
+    check_output(Path(s.output), (SINKS_KIND, RULER_RUN_KIND), inputs=[("checkpoint", ckpt)])
+    length = s.length or min(rope.trained_length or DEFAULT_MAX_LENGTH, DEFAULT_MAX_LENGTH)
+    check_context(ckpt, rope, length)
+    # A config transformers cannot build, and a tokenizer that encodes text to nothing (a folder with
+    # tokenizer_config.json only), would otherwise give numbers computed from no text.
+    model_config(ckpt, trust_remote_code=s.trust_remote_code)
+    return ckpt, length, load_tokenizer(ckpt, s.trust_remote_code)
+
+
+def _results(model: dict[str, Any], settings: dict[str, Any], collector: Collector, stats: dict[str, Any],
+             timings: dict[str, float]) -> SinksResults:
+    """sinks.json: the collector's per-layer statistics and their averages over layers."""
     gate_total = stats.pop("gate_total", None)
     fta, m_act = stats["first_token_attention"], stats["m_act"]
-    results = SinksResults(
-        format=SINKS_FORMAT, model=model_info(ckpt, fp, s.trust_remote_code),
-        settings={"data": spec, "tokens": s.tokens, "windows": n_windows, "length": length,
-                  "tokens_used": n_windows * length, "bos": bos, "seed": s.seed, "batch_size": s.batch_size,
-                  "chunk": s.chunk, "dtype": model_dtype, "device": device, **collector.attention_settings()},
+    return SinksResults(
+        format=SINKS_FORMAT, model=model, settings=settings,
         definitions=DEFINITIONS, layers=collector.n_layers, heads=collector.heads, kv_heads=collector.kv_heads,
         **stats,
         averages={"first_token_attention": sum(fta) / len(fta), "m_act": sum(m_act) / len(m_act),
                   **{f"gate_{k}": (gate_total or {}).get(k) for k in ("mean", "median", "below_0_1", "below_0_5")}},
         versions=versions(),
-        timings={"load_s": round(t_loaded - t0, 3), "forward_s": round(t_done - t_loaded, 3),
-                 "total_s": round(t_done - t0, 3), "tokens_per_s": round(n_windows * length / (t_done - t_loaded), 1)},
+        timings=timings,
         created=utc_timestamp(),
     )
-    make_output(out, SINKS_KIND)
-    write_json(out / SINKS_FILE, results)
-    return SinksOutcome(results, out / SINKS_FILE)

@@ -24,14 +24,19 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from itertools import islice
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from longctx.core.errors import InputError
+from longctx.core.kinds import Bool, Float, Int, Text, Url
 from longctx.core.parse import LimitError, loads
-from longctx.eval.endpoint import BoundedTransport, Endpoint, read_body
+from longctx.core.settings import setting
+from longctx.eval.backends import Backend, BackendContext, BackendOptions
 from longctx.eval.request import OnResult, Request
+
+if TYPE_CHECKING:  # httpx and the bounded transport are imported when a backend is made, not with its options
+    import httpx
+
+    from longctx.eval.endpoint import BoundedTransport
 
 # The longest `Retry-After` honoured: a server (or a proxy in front of it) asking for more would stall the run
 # with no sign of life; past this the request is retried anyway, and fails like any other when it is refused.
@@ -106,7 +111,33 @@ class _GaveUp(Exception):
     """Every attempt at a request failed transiently; the text says how the last one did."""
 
 
-class OpenAIBackend:
+class _NoAnswer(Exception):
+    """A request got no answer (no connection, a timeout, a broken stream); the text says how, in one line."""
+
+
+@dataclass(frozen=True)
+class OpenAIOptions(BackendOptions):
+    base_url: str | None = setting(None, Url(), "openai: endpoint, e.g. http://127.0.0.1:8000/v1 (credential: "
+                                                 "OPENAI_API_KEY, or user:password@ in the URL, not both; recorded "
+                                                 "and shown redacted).")
+    model: str | None = setting(None, Text(), "openai: model name on the server [default: the first it serves].",
+                                flag="--served-model")
+    trust_served_model: bool = setting(False, Bool(), "openai: accept a served model whose name and root do not "
+                                                      "name the checkpoint (recorded in the results).")
+    concurrency: int = setting(8, Int(minimum=1), "openai: requests in flight.")
+    request_timeout: float = setting(600.0, Float(0, None, low_open=True, words="a number of seconds > 0"),
+                                     "openai: seconds to wait for one response.")
+    max_retries: int = setting(3, Int(minimum=0), "openai: retries of a failed request (HTTP 429/5xx, connection "
+                                                  "errors; Retry-After honoured).")
+
+    def check(self) -> None:
+        from longctx.core.errors import ref
+
+        if not self.base_url:
+            raise self.error(f"{ref('backend')} openai needs {ref('base_url')} (e.g. http://127.0.0.1:8000/v1)")
+
+
+class OpenAIBackend(Backend):
     """An OpenAI-compatible `/v1/completions` endpoint, greedy, `concurrency` requests in flight.
 
     `checkpoint`: the checkpoint as the user gave it (a path or a Hub id); `checkpoint_dir`: the local folder
@@ -118,11 +149,15 @@ class OpenAIBackend:
     """
 
     name = "openai"
+    Options = OpenAIOptions
+    loads_weights = False  # a served model's weights are the server's
 
     def __init__(self, base_url: str, model: str | None = None, *, checkpoint: str, checkpoint_dir: str,
                  max_model_len: int, trust_served_model: bool = False, concurrency: int = 8, timeout: float = 600.0,
                  retries: int = 3, connect_attempts: int = 3, retry_wait: float = 1.0,
                  api_key_env: str = "OPENAI_API_KEY", seed: int = 0, log: Callable[[str], None] | None = None):
+        from longctx.eval.endpoint import Endpoint
+
         if not base_url:
             raise InputError("the openai backend needs --base-url (e.g. http://127.0.0.1:8000/v1)")
         self.endpoint = Endpoint(base_url, api_key_env)
@@ -148,6 +183,13 @@ class OpenAIBackend:
         self._client: httpx.Client | None = None
         self._transport: BoundedTransport | None = None
 
+    @classmethod
+    def create(cls, options: OpenAIOptions, context: BackendContext) -> OpenAIBackend:
+        return cls(options.base_url, options.model, checkpoint=context.checkpoint,
+                   checkpoint_dir=context.checkpoint_dir, max_model_len=context.max_model_len,
+                   trust_served_model=options.trust_served_model, concurrency=options.concurrency,
+                   timeout=options.request_timeout, retries=options.max_retries, seed=context.seed, log=context.log)
+
     def settings(self) -> dict[str, Any]:
         return {"name": self.name, "base_url": self.base_url, "model": self.model, "concurrency": self.concurrency,
                 "timeout": self.timeout, "retries": self.retries, "trust_served_model": self.trust_served_model,
@@ -170,6 +212,10 @@ class OpenAIBackend:
             self._client = self._transport = None
 
     def _open(self) -> httpx.Client:
+        import httpx
+
+        from longctx.eval.endpoint import BoundedTransport
+
         if self._client is None:
             # No environment: proxies would bypass the bounded transport, and the credential is the endpoint's.
             self._transport = BoundedTransport(self.concurrency)
@@ -184,6 +230,8 @@ class OpenAIBackend:
         return self.endpoint.scrub(_detail(reply))
 
     def _failure(self, e: httpx.TransportError, timeout: float) -> str:
+        import httpx
+
         if isinstance(e, httpx.ConnectTimeout):
             return f"ConnectTimeout: no connection within {min(CONNECT_TIMEOUT_S, timeout):g} s"
         if isinstance(e, httpx.TimeoutException):
@@ -193,18 +241,25 @@ class OpenAIBackend:
 
     def _exchange(self, method: str, path: str, body: dict | None, timeout: float, max_bytes: int,
                   what: str) -> _Reply:
-        """One request and its whole answer, within `timeout` seconds from the start (httpx.TimeoutException
-        past it) and `max_bytes` of body (InputError past them: nothing more is read)."""
+        """One request and its whole answer, within `timeout` seconds from the start and `max_bytes` of body
+        (InputError past them: nothing more is read); `_NoAnswer` saying why when there is none."""
+        import httpx
+
+        from longctx.eval.endpoint import read_body
+
         client = self._open()
         assert self._transport is not None
         limit = httpx.Timeout(timeout, connect=min(CONNECT_TIMEOUT_S, timeout))
-        with self._transport.deadline(timeout), client.stream(method, self.endpoint.url(path), json=body,
-                                                              headers=self._headers(), timeout=limit) as resp:
-            data = read_body(resp, max_bytes)
-            if data is None:
-                raise InputError(f"endpoint {self.base_url} answered {what} with a body over {_mib(max_bytes)}, the "
-                                 f"limit for {what}; is --base-url an OpenAI-compatible server?")
-            return _Reply(resp.status_code, resp.headers, data)
+        try:
+            with self._transport.deadline(timeout), client.stream(method, self.endpoint.url(path), json=body,
+                                                                  headers=self._headers(), timeout=limit) as resp:
+                data = read_body(resp, max_bytes)
+                if data is None:
+                    raise InputError(f"endpoint {self.base_url} answered {what} with a body over {_mib(max_bytes)}, "
+                                     f"the limit for {what}; is --base-url an OpenAI-compatible server?")
+                return _Reply(resp.status_code, resp.headers, data)
+        except httpx.TransportError as e:
+            raise _NoAnswer(self._failure(e, timeout)) from e
 
     def _send(self, method: str, path: str, attempts: int, what: str, max_bytes: int, body: dict | None = None,
               timeout: float | None = None, stop: threading.Event | None = None,
@@ -220,8 +275,8 @@ class OpenAIBackend:
             pause, asked = self.retry_wait * 2**attempt, None
             try:
                 reply = self._exchange(method, path, body, timeout, max_bytes, what)
-            except httpx.TransportError as e:
-                last = self._failure(e, timeout)
+            except _NoAnswer as e:
+                last = str(e)
             else:
                 if reply.status != 429 and reply.status < 500:
                     return reply

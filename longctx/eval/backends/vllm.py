@@ -1,12 +1,6 @@
-"""Prediction backends: `vllm` (offline engine in this process), `openai` (any OpenAI-compatible
-completions endpoint, e.g. `vllm serve`), `hf` (transformers `generate`).
-
-Every backend does greedy decoding of a raw prompt string (`input + answer_prefix`, no server-side
-chat template: the template, if any, is already in the task file), with the task's
-`tokens_to_generate` as `max_tokens` and no stop words, as upstream RULER does. Results are streamed
-back through a callback as soon as each request finishes, so the runner can write them at once.
-Heavy imports (vllm, torch models) happen inside the backend that needs them.
-"""
+"""The `vllm` backend: the offline `vllm.LLM` engine in this process. Requests are fed in small chunks while
+the engine steps, so tokenizing long prompts overlaps with generation, and finished requests are reported per
+step. What the engine prints goes to a log file (`longctx.eval.vllm_engine`); a failure is one line."""
 
 from __future__ import annotations
 
@@ -14,40 +8,72 @@ import contextlib
 import os
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from longctx.core.errors import InputError
+from longctx.core.kinds import Bool, Count, Float, Int, Overrides
+from longctx.core.settings import setting
+from longctx.eval.backends import Backend, BackendContext, BackendOptions, device_info, dtype_setting
 from longctx.eval.request import OnResult, Request
-from longctx.eval.settings import RulerRunSettings
-from longctx.eval.vllm_engine import (ENGINE_LOG, EngineFailed, abort_requests, dead_engine_raises, ended_processes,
-                                      engine_call, engine_error, log_size, output_to, vllm_logging_to)
-
-
-def device_info(device: Any = None) -> dict[str, Any]:
-    """What a model ran on: {"type", "name", "count"} (CUDA: the device's name and how many are visible; CPU:
-    the processor and its cores)."""
-    import platform
-
-    import torch
-
-    on_cuda = (str(device).startswith("cuda") if device is not None else torch.cuda.is_available())
-    if on_cuda and torch.cuda.is_available():
-        index = torch.device(device).index if device is not None and torch.device(device).index is not None else 0
-        return {"type": "cuda", "name": torch.cuda.get_device_name(index), "count": torch.cuda.device_count()}
-    return {"type": "cpu", "name": platform.processor() or platform.machine(), "count": os.cpu_count()}
-
+from longctx.eval.vllm_engine import (
+    ENGINE_LOG,
+    EngineFailed,
+    abort_requests,
+    dead_engine_raises,
+    ended_processes,
+    engine_call,
+    engine_error,
+    log_size,
+    output_to,
+    vllm_logging_to,
+)
 
 # KV cache (GiB) for vLLM's CPU build when neither --gpu-memory-utilization nor --kv-cache-memory is given.
 CPU_KV_CACHE_GIB = 4
-class VllmBackend:
-    """The offline `vllm.LLM` engine. Requests are fed in small chunks while the engine steps, so
-    tokenizing long prompts overlaps with generation, and finished requests are reported per step."""
+
+
+@dataclass(frozen=True)
+class VllmOptions(BackendOptions):
+    dtype: str | None = dtype_setting()
+    tensor_parallel_size: int | None = setting(None, Int(minimum=1), "vllm: GPUs per model replica.")
+    data_parallel_size: int | None = setting(None, Int(minimum=1), "vllm: model replicas.")
+    gpu_memory_utilization: float | None = setting(None, Float(0, 1, low_open=True, words="a number in (0, 1]"),
+                                                   "vllm: share of GPU memory.")
+    kv_cache_memory: int | None = setting(None, Count(), "vllm: KV-cache size in bytes (e.g. 8e9), instead of the "
+                                                         "share.")
+    enforce_eager: bool = setting(False, Bool(), "vllm: no CUDA graphs.")
+    engine_args: dict = setting({}, Overrides(), "vllm: an engine argument under vLLM's own name (repeatable), e.g. "
+                                                 "max_num_seqs=64, kv_cache_dtype=fp8, "
+                                                 "hf_overrides='{\"rope_theta\": 1e6}'.",
+                                flag="--engine-arg")
+
+    def typed_engine_args(self) -> dict[str, Any]:
+        """`engine_args` with every value of the type vLLM gives it (`longctx.eval.engine_args`; imports vLLM)."""
+        from longctx.core.errors import ref
+        from longctx.eval.engine_args import typed_engine_args
+
+        if not self.engine_args:
+            return {}
+        try:
+            return typed_engine_args(self.engine_args, ref("engine_args"))
+        except InputError as e:
+            raise self.error(str(e)) from None
+
+    def check_inputs(self, offline_data: bool = True) -> None:
+        # the engine arguments are vLLM's, checked by the installed vLLM: when a recipe loads, before a run
+        if self.engine_args:
+            self.typed_engine_args()
+
+
+class VllmBackend(Backend):
+    """The offline `vllm.LLM` engine."""
 
     name = "vllm"
-    credential = None  # no endpoint: nothing authenticates
+    Options = VllmOptions
 
     def __init__(self, checkpoint: str, max_model_len: int, *, tensor_parallel_size: int = 1,
                  data_parallel_size: int = 1, dtype: str = "auto", gpu_memory_utilization: float | None = None,
@@ -69,12 +95,25 @@ class VllmBackend:
             self.kwargs["trust_remote_code"] = True
         self.engine_args = dict(engine_args or {})  # typed by longctx.eval.engine_args
         self.llm = llm
-        self.ran: dict[str, Any] | None = None  # what generate() ran: the resolved dtype, the device
         self.owns_engine = llm is None  # a given engine is the caller's to shut down
         self.chunk = chunk
         self._dtype: str | None = None
         self.log: Path | None = None  # where the engine this backend started writes its output
         self._failed = False  # the engine failed while generating (said in one line already)
+
+    @classmethod
+    def create(cls, options: VllmOptions, context: BackendContext) -> VllmBackend:
+        # the engine seed stays 0 (greedy decoding; recorded as such): the task seed is not the engine's
+        return cls(context.checkpoint_dir, context.max_model_len,
+                   tensor_parallel_size=options.tensor_parallel_size or 1,
+                   data_parallel_size=options.data_parallel_size or 1, dtype=options.dtype or "auto",
+                   gpu_memory_utilization=options.gpu_memory_utilization, kv_cache_memory=options.kv_cache_memory,
+                   enforce_eager=options.enforce_eager, llm=context.engine, log_dir=context.run_dir,
+                   trust_remote_code=context.trust_remote_code, engine_args=options.typed_engine_args())
+
+    def config_overrides(self) -> dict[str, Any]:
+        overrides = self.engine_args.get("hf_overrides")
+        return dict(overrides) if isinstance(overrides, dict) else {}
 
     def settings(self) -> dict[str, Any]:
         return {"name": self.name, "max_model_len": self.max_model_len, **self.kwargs,
@@ -90,13 +129,13 @@ class VllmBackend:
             else:
                 self._dtype = self.kwargs["dtype"]
                 with contextlib.suppress(Exception), output_to(Path(os.devnull)):  # vLLM's import prints
-                    from longctx.checkpoint.load import model_config
                     from vllm.config.model import _get_and_verify_dtype
+
+                    from longctx.checkpoint.load import model_config
 
                     config = model_config(self.checkpoint,
                                           trust_remote_code=self.kwargs.get("trust_remote_code", False))
-                    if isinstance(self.engine_args.get("hf_overrides"), dict):  # vLLM applies them to the config
-                        config.update(self.engine_args["hf_overrides"])
+                    config.update(self.config_overrides())  # vLLM applies them to the config
                     self._dtype = str(_get_and_verify_dtype(self.checkpoint, config, self.kwargs["dtype"],
                                                             is_pooling_model=False)).removeprefix("torch.")
         return self._dtype
@@ -234,144 +273,3 @@ class VllmBackend:
         except BaseException:
             abort_requests(engine, [internal[k] for k in inflight])
             raise
-
-
-class HfBackend:
-    """transformers `generate`, one prompt at a time (greedy): for models vLLM cannot run, and cross-checks."""
-
-    name = "hf"
-    credential = None  # no endpoint: nothing authenticates
-
-    def __init__(self, checkpoint: str, max_model_len: int, *, dtype: str = "auto", device: str | None = None,
-                 seed: int = 0, trust_remote_code: bool = False):
-        self.checkpoint = checkpoint
-        self.max_model_len = max_model_len
-        self.dtype = dtype
-        self.device = device
-        self.seed = seed
-        self.trust_remote_code = trust_remote_code
-        self.model = self.tok = None
-        self.ran: dict[str, Any] | None = None  # what generate() ran: the resolved dtype, the device
-
-    def settings(self) -> dict[str, Any]:
-        return {"name": self.name, "max_model_len": self.max_model_len, "dtype": self.dtype,
-                **({"trust_remote_code": True} if self.trust_remote_code else {})}
-
-    def binding(self) -> dict[str, Any]:
-        """The options that can change a prediction: the dtype ("auto": the checkpoint's, which transformers
-        loads; float32 when it names none) and the device it runs on."""
-        import torch
-
-        from longctx.checkpoint.load import model_config
-
-        dtype = self.dtype
-        if dtype == "auto":
-            config = model_config(self.checkpoint, trust_remote_code=self.trust_remote_code)
-            dtype = str(getattr(config, "dtype", None) or "float32").removeprefix("torch.")
-        return {"dtype": dtype, "device": self.device or ("cuda" if torch.cuda.is_available() else "cpu")}
-
-    def close(self) -> None:
-        self.model = self.tok = None  # the weights are freed with the last reference
-
-    def check(self) -> None:
-        """Refuse, before anything is generated, a device torch does not have and a config transformers cannot
-        build."""
-        from longctx.checkpoint.load import check_device, model_config
-
-        check_device(self.device)
-        model_config(self.checkpoint, trust_remote_code=self.trust_remote_code)
-
-    def _load(self):
-        import torch
-
-        from longctx.checkpoint.load import load_model
-        from longctx.checkpoint.tokenizer import load_tokenizer
-
-        device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.tok = self.tok or load_tokenizer(self.checkpoint, self.trust_remote_code)
-        self.model = load_model(self.checkpoint, dtype=self.dtype, device=device,
-                                trust_remote_code=self.trust_remote_code).eval()
-
-    def generate(self, requests: Iterable[Request], on_result: OnResult) -> None:
-        import torch
-
-        if self.model is None:
-            self._load()
-        torch.manual_seed(self.seed)
-        device = self.model.device
-        self.ran = {"dtype": str(next(self.model.parameters()).dtype).removeprefix("torch."),
-                    "device": device_info(device)}
-        for r in requests:
-            ids = self.tok(r.prompt, return_tensors="pt").input_ids.to(device)
-            n = ids.shape[1]
-            if n == 0:  # generate() cannot start from nothing
-                raise InputError(f"the tokenizer of '{self.checkpoint}' encodes a prompt to no tokens")
-            if n + r.max_tokens > self.max_model_len:
-                raise InputError(f"a prompt of {n} tokens + {r.max_tokens} to generate exceeds max_model_len "
-                                 f"{self.max_model_len}")
-            with torch.inference_mode():
-                out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=r.max_tokens,
-                                          do_sample=False, pad_token_id=self.tok.pad_token_id or self.tok.eos_token_id)
-            on_result(r, self.tok.decode(out[0, n:], skip_special_tokens=True), n)
-
-
-def _check_weights(s: RulerRunSettings, checkpoint: str) -> None:
-    """InputError when the checkpoint has no weight files and the backend loads them (hf, vllm), or its weight
-    files do not hold the model its config.json describes (with vLLM's `hf_overrides` applied, as vLLM applies
-    them): the same refusal whatever the backend, before the run directory is made, rather than from the model
-    load after it."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    from longctx.checkpoint.directory import require_weights
-    from longctx.checkpoint.load import check_weight_shapes, model_config
-
-    if s.backend != "openai":  # a served model's weights are the server's
-        require_weights(Path(checkpoint), s.checkpoint)
-    config = model_config(checkpoint, trust_remote_code=s.trust_remote_code)
-    overrides = s.engine_args.get("hf_overrides") if s.backend == "vllm" else None
-    if isinstance(overrides, dict):
-        config.update(overrides)
-    # vLLM runs architectures transformers has no causal LM for (its own model registry): their weights are
-    # vLLM's to check. The hf backend needs one, and check_weight_shapes refuses the config without it.
-    builds = type(config) in MODEL_FOR_CAUSAL_LM_MAPPING or "AutoModelForCausalLM" in (
-        getattr(config, "auto_map", None) or {})
-    if builds or s.backend == "hf":
-        check_weight_shapes(checkpoint, config, s.trust_remote_code)
-
-
-def make_backend(s: RulerRunSettings, checkpoint: str, max_model_len: int, engine=None,
-                 log: Callable[[str], None] | None = None):
-    """The backend `s` asks for, with the options it gives, checked before anything is generated or written:
-    the checkpoint's weights against its config (every backend); an openai endpoint is probed; hf: the device
-    and the config; vllm (unless `engine` is given): the config. `log` receives what a backend says while it
-    generates (an openai endpoint that asks for a long wait).
-
-    Whatever the backend, the task files are cut with the checkpoint's tokenizer, so it is checked for every
-    one: an empty tokenizer (a folder with tokenizer_config.json only) encodes RULER's haystack to no tokens,
-    and the task generators divide by the tokens per haystack unit (ZeroDivisionError).
-    """
-    from longctx.checkpoint.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer(checkpoint, s.trust_remote_code)
-    _check_weights(s, checkpoint)
-    if s.backend == "openai":
-        from longctx.eval.openai_backend import OpenAIBackend
-
-        backend = OpenAIBackend(s.base_url, s.model, checkpoint=s.checkpoint, checkpoint_dir=checkpoint,
-                                max_model_len=max_model_len, trust_served_model=s.trust_served_model,
-                                concurrency=s.concurrency, timeout=s.request_timeout, retries=s.max_retries,
-                                seed=s.seed, log=log)
-        backend.check()
-        return backend
-    if s.backend == "hf":
-        backend = HfBackend(checkpoint, max_model_len, dtype=s.dtype or "auto", device=s.device,
-                            trust_remote_code=s.trust_remote_code)
-        backend.tok = tokenizer
-    else:
-        backend = VllmBackend(checkpoint, max_model_len, tensor_parallel_size=s.tensor_parallel_size or 1,
-                              data_parallel_size=s.data_parallel_size or 1, dtype=s.dtype or "auto",
-                              gpu_memory_utilization=s.gpu_memory_utilization, kv_cache_memory=s.kv_cache_memory,
-                              enforce_eager=s.enforce_eager, llm=engine, log_dir=s.output,
-                              trust_remote_code=s.trust_remote_code, engine_args=s.engine_args)
-    backend.check()
-    return backend

@@ -1,0 +1,37 @@
+"""`convert` as a model's source: a released checkpoint in the gated-attention family (`longctx convert`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from longctx.checkpoint.hub import parse_hub_id
+from longctx.convert.settings import ConvertSettings
+from longctx.core.errors import InputError
+from longctx.core.settings import Settings
+from longctx.recipe.stage import (
+    RunContext,
+    SourceStage,
+    Step,
+    checkpoint_trained_length,
+)
+
+
+class ConvertStage(SourceStage):
+    name = "convert"
+    section = job = ConvertSettings
+
+    def check_model(self, section: Settings, file: str, where: str) -> None:
+        if not Path(section.source).is_dir() and parse_hub_id(section.source) is None:
+            raise InputError(f"{file}: {where}.source '{section.source}' does not exist: model path missing (the "
+                             "released checkpoint's local folder)")
+
+    def inputs(self, section: Settings) -> list[tuple[str, Path]]:
+        return [("source", Path(section.source))]
+
+    def trained_length(self, section: Settings) -> int | None:
+        return checkpoint_trained_length(section.source)
+
+    def run(self, step: Step, ctx: RunContext) -> None:
+        from longctx.convert.official import convert_checkpoint
+
+        convert_checkpoint(step.jobs[0])

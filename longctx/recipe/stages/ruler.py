@@ -1,0 +1,77 @@
+"""`ruler`: RULER runs of a model's checkpoints (`longctx ruler run`), each at the lengths it can reach."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from longctx.core.errors import InputError
+from longctx.core.files import RULER_RUN_KIND
+from longctx.core.kinds import Names
+from longctx.core.settings import Settings, setting
+from longctx.eval.settings import RulerRunSettings
+from longctx.recipe.load import model_lengths
+from longctx.recipe.stage import (
+    EvaluationStage,
+    Lengths,
+    RunContext,
+    Step,
+    section_record,
+)
+from longctx.recipe.stages import stage, stage_names
+from longctx.recipe.types import Recipe
+
+WHICH = ("which checkpoints to evaluate: model (the source), pretrain, extend, yarn [default: the last "
+         "checkpoint stage's]")
+
+
+@dataclass(frozen=True)
+class RulerSection(RulerRunSettings):
+    checkpoints: list[str] | None = setting(None, Names(), WHICH, cli=None)
+
+
+class RulerStage(EvaluationStage):
+    name = "ruler"
+    section = RulerSection
+    job = RulerRunSettings
+    output_kind = RULER_RUN_KIND
+
+    def check(self, recipe: Recipe) -> None:
+        """Every model's last checkpoint reaches the longest length."""
+        longest = recipe.stages[self.name].lengths[-1]
+        for m in recipe.models:
+            chain = model_lengths(recipe, m)
+            last, lengths = list(chain.items())[-1]
+            if lengths.reach is None or longest <= lengths.reach:
+                continue
+            before = list(chain.values())[-2] if len(chain) > 1 else lengths
+            how = stage(last).reach_reason(recipe.stages[last], before, lengths) if last in stage_names() else None
+            if how is None:
+                how = f"{m.name} is trained at {lengths.trained} tokens and there is no yarn stage"
+            raise InputError(f"{recipe.path}: ruler.lengths go up to {longest} but {how}; the largest reachable "
+                             f"length is {lengths.reach} (lower the lengths or raise the factor)")
+
+    def job_changes(self, section: Settings, checkpoint_stage: str, lengths: Lengths, recipe: Recipe,
+                    model: str) -> dict[str, Any]:
+        reach = lengths.reach
+        within = [L for L in section.lengths if reach is None or L <= reach]
+        if not within:
+            raise InputError(f"{recipe.path}: ruler.lengths: none is within what the {checkpoint_stage} checkpoint "
+                             f"of {model} can do; add shorter lengths or drop {checkpoint_stage} from "
+                             "ruler.checkpoints")
+        return {"lengths": within}
+
+    def record(self, section: Settings, changes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        record = {k: v for k, v in section_record(section).items() if k != "checkpoints"}
+        record["lengths"] = {c: change["lengths"] for c, change in changes.items()}
+        return record
+
+    def run(self, step: Step, ctx: RunContext) -> None:
+        from longctx.eval.runner import run_ruler
+        from longctx.report.run import write_report
+
+        for job in step.jobs:
+            ctx.log(f"ruler {Path(job.output).name}")
+            run_ruler(job, log=ctx.log)
+            ctx.log(write_report(job.output, plot=job.plot, intervals=job.intervals).markdown.split("\n\n")[0])

@@ -1,0 +1,158 @@
+"""A comparison in words: the table's cells in either layout, the legends that say what the numbers are, the
+sections of differences between runs with their statistics, and the notes."""
+
+from __future__ import annotations
+
+from longctx.core.units import length_label
+from longctx.report.comparison import ComparedRun, Comparison, ReportedDifference, RunDifference
+from longctx.report.sinks import COMPARE_COLUMNS, compare_cells
+from longctx.report.tables import fmt, fmt_pm, markdown_row
+
+ABSENT = {"default": "-", "table5": "–"}  # a cell of a length the run does not have
+
+
+def table_cells(cmp: Comparison) -> tuple[list[str], list[list[str]]]:
+    """The table's columns and a row of cells per run, then the sink columns when a run has sinks results."""
+    columns, rows = _table5_rows(cmp) if cmp.layout == "table5" else _default_rows(cmp)
+    if any(r.sinks for r in cmp.runs):
+        columns += COMPARE_COLUMNS
+        for row, run in zip(rows, cmp.runs):
+            row += compare_cells(run.sinks)
+    return columns, rows
+
+
+def markdown(cmp: Comparison) -> str:
+    """The table (`cmp.columns`, `cmp.rows`), its legend, the sections of differences and the notes."""
+    lines = [markdown_row(cmp.columns), markdown_row(["---"] * len(cmp.columns)), *map(markdown_row, cmp.rows), "",
+             *_legend(cmp)]
+    absent = ABSENT[cmp.layout]
+    if cmp.against_baseline:
+        lines += ["", *_difference_section(f"Paired differences vs {cmp.baseline}", cmp.against_baseline,
+                                           cmp.lengths, absent, cmp.baseline)]
+    if cmp.against_parent is not None:
+        lines += ["", *_difference_section("Paired differences vs parent", cmp.against_parent, cmp.lengths, absent,
+                                           None)]
+    if cmp.notes:
+        lines += ["", *[f"Note: {x}" for x in cmp.notes]]
+    return "\n".join(lines)
+
+
+def _score(cmp: Comparison, run: ComparedRun, length: int) -> str:
+    v = run.per_length.get(length)
+    return fmt_pm(v, (run.intervals or {}).get(length)) if cmp.show_intervals else fmt(v)
+
+
+def _signed(v: float) -> str:
+    return f"{round(v, 2) or 0.0:+.2f}"  # `or 0.0`: no '-0.00'
+
+
+def _gap(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.2f}"
+
+
+def _default_rows(cmp: Comparison) -> tuple[list[str], list[list[str]]]:
+    """A row per run: its score per length, Avg., the degradation columns and the mean differences to its parent
+    and to the baseline."""
+    table = cmp.table
+    later = [L for L in table.lengths if L > table.reference]
+    columns = ["Run", *map(length_label, table.lengths), "Avg.",
+               *[f"Δ{length_label(L)} vs {length_label(table.reference)}" for L in later]]
+    if cmp.parents:
+        columns.append("Δ vs parent")
+    if cmp.baseline is not None:
+        columns.append(f"Δ vs {cmp.baseline}")
+    rows = []
+    for run in table.runs:
+        row = [run.name, *[_score(cmp, run, L) for L in table.lengths], fmt(table.avg(run)),
+               *[_gap(table.delta(run, L)) for L in later]]
+        if cmp.parents:
+            row.append(f"{_gap(table.mean_gap(run, table.run(run.parent)))} ({run.parent})" if run.parent else "")
+        if cmp.baseline is not None:
+            row.append(_gap(table.mean_gap(run, table.run(cmp.baseline))))
+        rows.append(row)
+    return columns, rows
+
+
+def _table5_rows(cmp: Comparison) -> tuple[list[str], list[list[str]]]:
+    """The paper's Table 5: a row per run, a column per length, a YaRN run's cell `score (score - parent's)`."""
+    columns = ["Run", *map(length_label, cmp.lengths)]
+    rows = []
+    for run in cmp.runs:
+        parent = cmp.table.run(run.parent) if run.parent else None
+        row = [run.name]
+        for L in cmp.lengths:
+            v = run.per_length.get(L)
+            if v is None:
+                row.append(ABSENT["table5"])
+                continue
+            cell = _score(cmp, run, L)
+            base = parent.per_length.get(L) if parent else None
+            row.append(cell if base is None else f"{cell} ({_signed(v - base)})")
+        rows.append(row)
+    return columns, rows
+
+
+def _legend(cmp: Comparison) -> list[str]:
+    """What the table's scores and columns are."""
+    tasks = cmp.tasks
+    task_words = f"{len(tasks)} RULER task{'s' if len(tasks) > 1 else ''}" if tasks else "each run's RULER tasks"
+    if cmp.layout == "table5":
+        children = ", ".join(f"{c}: parent {p}" for c, p in cmp.parents.items())
+        lines = [f"Scores: mean of {task_words} per length" + (
+            f"; in brackets, a YaRN run's score minus its parent's at that length ({children})" if cmp.parents else "")
+            + f"; '{ABSENT['table5']}': a length the run does not have."]
+    else:
+        ref_label = length_label(cmp.reference)
+        lines = [f"Scores: mean of {task_words} per length; ΔL vs {ref_label}: the run's score at L minus its "
+                 f"score at the reference length {ref_label}; Δ vs another run: the mean per-length difference "
+                 "over the lengths both have."]
+    if cmp.show_intervals:
+        lines.append("±: half the width of the score's 95% interval (percentile bootstrap over samples, resampled "
+                     "within each task).")
+    if cmp.sinks:
+        lines.append("First-token attn, M-Act, Gate mean: 'longctx sinks' averages over layers (from sinks.json).")
+    return lines
+
+
+def _p(p: float) -> str:
+    return "<0.001" if p < 0.001 else f"={p:.2g}"
+
+
+def _diff_cell(d: ReportedDifference | None, absent: str) -> str:
+    """`+3.10 [+0.52, +5.70] p=0.02`, ' ns' when the interval spans 0, 'unpaired' instead of p without a test;
+    a point difference alone."""
+    if d is None:
+        return absent
+    if d.lo is None or d.hi is None:
+        return _signed(d.mean)
+    cell = f"{_signed(d.mean)} [{_signed(d.lo)}, {_signed(d.hi)}]"
+    cell += f" p{_p(d.p)}" if d.p is not None else " unpaired"
+    return cell if d.significant else cell + " ns"
+
+
+def _difference_section(title: str, entries: dict[str, RunDifference], lengths: list[int], absent: str,
+                        against: str | None) -> list[str]:
+    """`### <title>`, a row per run (and its parent when `against` is None), a column per length + Overall, and
+    the legend of what the cells are."""
+    shown = [L for L in lengths if any(L in e.per_length for e in entries.values())]
+    columns = ["Run", *([] if against else ["Parent"]), *map(length_label, shown), "Overall"]
+    lines = [f"### {title}", "", markdown_row(columns), markdown_row(["---"] * len(columns))]
+    for n, e in entries.items():
+        lines.append(markdown_row([n, *([] if against else [e.against]),
+                                   *[_diff_cell(e.per_length.get(L), absent) for L in shown],
+                                   _diff_cell(e.overall, absent)]))
+    return [*lines, "", _difference_legend({e.method for e in entries.values()}, against)]
+
+
+def _difference_legend(methods: set[str | None], against: str | None) -> str:
+    legend = (f"Run − {against or 'its parent'} per length, and Overall over the lengths both have (the mean of the "
+              "per-length differences)")
+    if "paired" in methods or "unpaired" in methods:
+        legend += (": the mean per-sample difference on the same prompts [its 95% paired-bootstrap interval] and the "
+                   "two-sided sign-flip permutation p; ns: not significant (the interval spans 0, or p >= 0.05)")
+    if "unpaired" in methods:
+        legend += ("; unpaired: the runs answered different prompts, so the difference of their scores with an "
+                   "interval from independent bootstraps, no test")
+    if "point" in methods:
+        legend += "; a number alone: a point difference (no per-sample predictions to pair)"
+    return legend + "."
