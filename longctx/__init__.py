@@ -26,12 +26,15 @@ otherwise right after transformers is first imported (a one-shot import hook), s
 and the stages that never touch transformers do not pay for torch and transformers.
 """
 
+import importlib.abc
+import importlib.machinery
+import sys
+import warnings
+
 __version__ = "0.1.0"
 
 
 def _register_transformers_classes() -> None:
-    import sys
-
     if "longctx.models.gated_qwen3" in sys.modules:
         return  # imported (or being imported): the module registers the classes itself when it finishes
     try:
@@ -39,20 +42,13 @@ def _register_transformers_classes() -> None:
 
         register_auto_classes()
     except Exception as e:  # noqa: BLE001 - never break `import transformers` for the user; say why instead
-        import warnings
-
         warnings.warn(f"longctx could not register the gated_qwen3 model with transformers: {e!r}", stacklevel=2)
 
 
 def _register_when_transformers_is_imported() -> None:
-    import sys
-
     if "transformers" in sys.modules:
         _register_transformers_classes()
         return
-
-    import importlib.abc
-    import importlib.machinery
 
     class _AfterTransformersImport(importlib.abc.MetaPathFinder):
         """Find `transformers` with the normal finders, then register once its __init__ has run."""

@@ -9,7 +9,13 @@ from typing import TypedDict
 
 from longctx.checkpoint.directory import checkpoint_dir, count_parameters, fingerprint, read_config, read_provenance
 from longctx.checkpoint.hub import hub_origin
-from longctx.checkpoint.load import model_config, sliding_window, trust_remote_code_setting
+from longctx.checkpoint.load import (
+    known_model_type,
+    model_config,
+    remote_code,
+    sliding_window,
+    trust_remote_code_setting,
+)
 from longctx.checkpoint.rope import read_rope
 from longctx.checkpoint.rotary import built_rope
 from longctx.core.errors import InputError
@@ -63,7 +69,6 @@ def model_info(path: str | os.PathLike, fp: str | None = None, trust_remote_code
 
 def ran_remote_code(cfg: dict, trust_remote_code: bool) -> dict | None:
     """The config's auto_map when its code, trusted, builds the model (what results record)."""
-    from longctx.checkpoint.load import known_model_type, remote_code
 
     auto_map = cfg.get("auto_map")
     needed = remote_code(auto_map, known_model_type(cfg.get("model_type"))) is not None

@@ -7,6 +7,7 @@ tokenizer files and `generation_config.json`. Every verb that writes one builds 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -25,6 +26,8 @@ from longctx.checkpoint.hub import (
     resolve_checkpoint,
 )
 from longctx.checkpoint.paths import check_code_inside
+from longctx.checkpoint.rope import check_config_types
+from longctx.checkpoint.tokenizer import embedding_rows
 from longctx.checkpoint.weights import (
     WEIGHT_SUFFIXES,
     check_weight_files,
@@ -34,7 +37,7 @@ from longctx.checkpoint.weights import (
 )
 from longctx.core.clock import utc_timestamp
 from longctx.core.errors import InputError
-from longctx.core.files import link_or_copy, write_json
+from longctx.core.files import json_object, link_or_copy, write_json
 from longctx.core.hashing import cached_sha256_file
 from longctx.core.parse import LimitError, loads
 
@@ -55,7 +58,6 @@ def checkpoint_dir(path: str | os.PathLike, *, weights: bool = False) -> Path:
         raise InputError(_no_config(path, p))
     # Every verb starts here, so a wrongly typed config value or a truncated or unsafe weight file is refused
     # with one line before anything loads a model, starts an engine or writes (headers only; see weights.py).
-    from longctx.checkpoint.rope import check_config_types
 
     cfg = _parse_config(p / "config.json")
     check_config_types(cfg, str(p / "config.json"))
@@ -150,7 +152,6 @@ def _parse_config(cfg_path: Path) -> dict[str, Any]:
 def check_token_ids(cfg: dict[str, Any], source: str) -> None:
     """InputError when config.json names a pad, BOS or EOS id the embedding has no row for: transformers
     fails building the model (the embedding's padding_idx) and no engine can ever produce such an EOS."""
-    from longctx.checkpoint.tokenizer import embedding_rows
 
     rows = embedding_rows(cfg)
     if rows is None:
@@ -174,7 +175,6 @@ def fingerprint(path: str | os.PathLike) -> str:
 
     Tokenizer files are not part of it: they do not change what the model computes for given ids.
     """
-    import hashlib
 
     p = checkpoint_dir(path)
     h = hashlib.sha256()
@@ -231,7 +231,6 @@ def versions() -> dict[str, str | None]:
 
 def read_provenance(path: Path) -> dict[str, Any]:
     """The `longctx.json` of a checkpoint ({} when it has none or it is unreadable)."""
-    from longctx.core.files import json_object
 
     return json_object(path / PROVENANCE_FILE)
 

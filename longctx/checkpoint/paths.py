@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from longctx.core.errors import InputError
+from longctx.core.files import json_object
 
 
 def inside(name: str) -> str | None:
@@ -56,7 +57,6 @@ def check_code_inside(source: Path, doc: dict[str, Any] | None = None) -> None:
     """InputError when the JSON file `source` (a config.json or tokenizer_config.json; `doc`, its content when
     already read) has an `auto_map` that names a module outside its folder (transformers would import it with
     --trust-remote-code)."""
-    from longctx.core.files import json_object
 
     for module in code_modules((json_object(source) if doc is None else doc).get("auto_map")):
         check_inside(source, "code module", module)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from longctx.checkpoint.config_keys import check_config_types
+from longctx.checkpoint.load import model_config
 from longctx.checkpoint.rope import (
     SHORT_LAYER_TYPES,
     RopeSettings,
@@ -71,7 +72,6 @@ def built_config(cfg: dict[str, Any], checkpoint: Any = None, trust_remote_code:
     """transformers' config object of the config.json dict `cfg` (that of the folder `checkpoint`), or None when
     transformers cannot build one (what longctx writes from it is then refused by `check_written_rope`, which
     says why); longctx's refusal to run code a checkpoint ships is raised."""
-    from longctx.checkpoint.load import model_config
 
     try:
         return model_config(checkpoint or ".", copy.deepcopy(cfg), trust_remote_code=trust_remote_code)

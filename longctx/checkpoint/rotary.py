@@ -17,11 +17,14 @@ classes (YaRN by `longctx.checkpoint.yarn_reference`).
 from __future__ import annotations
 
 import math
+import re
+import sys
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from longctx.checkpoint import yarn_reference as ref
 from longctx.checkpoint.load import _one_line
 from longctx.core.errors import InputError
 
@@ -116,7 +119,6 @@ def _family_rotary(config: Any) -> list:
     """The rotary module of `config`'s model family built on the CPU without the model: the first
     `*RotaryEmbedding` class of the family's modeling module that builds from the config (for a config whose
     model transformers does not build, e.g. a token id beyond a test's small vocabulary)."""
-    import sys
 
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_MAPPING
 
@@ -150,7 +152,6 @@ def _attention_layers(model) -> dict[int, float]:
     """{layer index: softmax scale} of the model's attention modules (those with a numeric `scaling`, which
     transformers' attention functions take as the score scale), the index from the module's place
     (`layers.<i>.`, which a block shared by layers has too: Zamba2), else its `layer_idx`."""
-    import re
 
     out: dict[int, float] = {}
     for name, m in model.named_modules():
@@ -260,8 +261,6 @@ def reference_rope(params: Mapping[str, Any], dim: int, max_position_embeddings:
     included), other types by transformers' `ROPE_INIT_FUNCTIONS` on a plain config holding only `params`.
     None when transformers has no initialiser for the type."""
     import torch
-
-    from longctx.checkpoint import yarn_reference as ref
 
     kind, base = params.get("rope_type", "default"), params["rope_theta"]
     factor, original = params.get("factor"), params.get("original_max_position_embeddings")

@@ -9,7 +9,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from longctx.checkpoint.load import check_remote_code, remote_code
+from longctx.checkpoint.paths import check_code_inside, check_inside
 from longctx.core.errors import InputError
+from longctx.core.files import json_object
+from ruler_tasks.prepare import check_tokenizer
 
 
 def require_tokenizer_files(path: str | os.PathLike) -> None:
@@ -26,9 +30,6 @@ def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False) -> 
     one with ids the model's embedding has no row for. Code the checkpoint ships runs only with
     `trust_remote_code`."""
     from transformers import AutoTokenizer
-
-    from longctx.core.files import json_object
-    from ruler_tasks.prepare import check_tokenizer
 
     require_tokenizer_files(path)
     check_tokenizer_source(path, trust_remote_code)
@@ -57,10 +58,6 @@ def check_tokenizer_source(path: str | os.PathLike, trust_remote_code: bool) -> 
     tokenizer in its place (AutoTokenizer falls back to TokenizersBackend when the model type is one it knows,
     transformers/models/auto/tokenization_auto.py), which may split text differently from the model's own."""
     from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
-
-    from longctx.checkpoint.load import check_remote_code, remote_code
-    from longctx.checkpoint.paths import check_code_inside, check_inside
-    from longctx.core.files import json_object
 
     source = Path(path) / "tokenizer_config.json"
     check_code_inside(Path(path) / "config.json")  # AutoTokenizer builds the config, with its code when trusted

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
+import pickletools
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -196,7 +198,6 @@ def check_torch_file(file: str | os.PathLike) -> None:
     rebuilt by calling a function the file names, which is how a pickle runs code. The message never
     suggests loading it without weights_only.
     """
-    import pickle
 
     import torch
 
@@ -234,7 +235,6 @@ def _refuse_plain_pickle(file: Path) -> None:
     """Refuse a file that is not PyTorch's zip archive: a bare pickle, or PyTorch's pre-1.6 format (a few
     pickles followed by the tensor data), which cannot be memory-mapped. Its first pickle is only read
     (`pickletools.genops` parses opcodes, it never builds an object), to say which of the two it is."""
-    import pickletools
 
     try:
         with open(file, "rb") as f:

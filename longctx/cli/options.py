@@ -9,12 +9,14 @@ from typing import Any
 
 import click
 
+from longctx.core.errors import render_refs
 from longctx.core.failures import one_line_failures
 from longctx.core.kinds import Bool
 from longctx.core.settings import REQUIRED, Settings
 
 
 def _help(cls: type[Settings], name: str, text: str) -> str:
+    text = render_refs(text, cls.flag)  # a help text names other settings by ref(), as messages do
     default = cls.default(name)
     if default in (None, REQUIRED) or isinstance(default, bool) or default == [] or default == {} or "[default" in text:
         return text

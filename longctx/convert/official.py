@@ -21,9 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from longctx.checkpoint.directory import checkpoint_dir, copy_side_files, read_config, write_provenance
+from longctx.checkpoint.rope import check_written_rope, read_rope
+from longctx.checkpoint.weights import weight_files
 from longctx.convert.settings import ConvertSettings
 from longctx.core.errors import InputError
-from longctx.models.variants import attention_variant
+from longctx.core.files import CHECKPOINT_KIND, atomic_dir, check_output
+from longctx.models.variants import attention_variant, gate_flags
 
 EXPECTED = ("expected the official gated-attention layout (QwQZh/gated_attention): config.json with model_type "
             "'qwen2' or 'qwen3' and the keys headwise_attn_output_gate and elementwise_attn_output_gate, and "
@@ -73,8 +77,6 @@ def _load_weights(src: Path) -> dict[str, Any]:
     import torch
     from safetensors.torch import load_file
 
-    from longctx.checkpoint.weights import weight_files
-
     # the files the fingerprint covers (an index's shards included), the .bin ones when there are any
     weights = weight_files(src)
     bins = [f for f in weights if f.suffix == ".bin"]
@@ -103,9 +105,7 @@ def official_config(src: Path, cfg: dict[str, Any], variant: str):
     """The longctx config for an official config dict (RoPE written as transformers 5 `rope_parameters`)."""
     from transformers import Qwen3Config
 
-    from longctx.checkpoint.rope import read_rope
     from longctx.models.gated_qwen3 import GatedQwen3Config
-    from longctx.models.variants import gate_flags
 
     values = {k: cfg[k] for k in _COPIED if k in cfg}
     if "head_dim" not in values:  # the official config class defaults to 128
@@ -187,10 +187,6 @@ class ConvertResult:
 def convert_checkpoint(s: ConvertSettings) -> ConvertResult:
     """Convert `s.source` (a checkpoint in the `s.layout` layout) into a longctx checkpoint at `s.output`."""
     from safetensors.torch import save_file
-
-    from longctx.checkpoint.directory import checkpoint_dir, copy_side_files, read_config, write_provenance
-    from longctx.checkpoint.rope import check_written_rope, read_rope
-    from longctx.core.files import CHECKPOINT_KIND, atomic_dir, check_output
 
     src, out = checkpoint_dir(s.source, weights=True), Path(s.output)  # a local folder or a Hub id
     cfg = read_config(src)

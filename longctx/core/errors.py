@@ -16,6 +16,11 @@ from collections.abc import Callable
 _REF = re.compile("\x1e([A-Za-z_][A-Za-z0-9_]*)\x1f")
 
 
+def render_refs(text: str, name: Callable[[str], str]) -> str:
+    """`text` with every `ref(setting)` in it named by `name` (a flag, a recipe key)."""
+    return _REF.sub(lambda m: name(m.group(1)), text)
+
+
 class InputError(ValueError):
     """Bad user input (a path, a config, an argument): one line for the user, exit code 2."""
 
@@ -35,7 +40,7 @@ class SettingError(InputError):
 
     def render(self, name: Callable[[str], str], cli: bool = False) -> str:
         text = self.cli_text if cli and self.cli_text is not None else self.text
-        return _REF.sub(lambda m: name(m.group(1)), text)
+        return render_refs(text, name)
 
     def __str__(self) -> str:
         flag = getattr(self.owner, "flag", None)

@@ -9,6 +9,7 @@ copy of the descriptor would keep it (`_forget_held_in_child`).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import socket
 import threading
@@ -140,7 +141,6 @@ class OutputLock:
     def _lock(self, made: list[Path]) -> int:
         """The locked lock file's descriptor (after killing what a dead holder left running), or InputError
         naming the live holder; `made` gets the folders made on the way."""
-        import fcntl
 
         while True:
             try:

@@ -13,6 +13,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ruler_tasks.words import wonderwords_lists
+
 RULER_STYLE = 0.75  # fraction of documents phrased exactly as RULER phrases its tasks
 
 NOISE_LINE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -37,7 +39,6 @@ def approx_tokens(text: str) -> int:
 @functools.cache
 def _words() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """(nouns, adjectives, verbs): single lowercase words only, so a key is one `adj-noun` string."""
-    from ruler_tasks.words import wonderwords_lists
 
     simple = re.compile(r"[a-z]+")
     return tuple(tuple(w for w in ws if simple.fullmatch(w)) for ws in wonderwords_lists())

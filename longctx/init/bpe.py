@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+from importlib.resources import files
 from pathlib import Path
 
 DEFAULT_BPE_VOCAB = 4096
@@ -10,8 +12,6 @@ DEFAULT_BPE_VOCAB = 4096
 def bpe_corpus() -> list[str]:
     """A deterministic offline corpus for the on-the-spot BPE: `wonderwords`' English word lists
     (nouns, verbs, adjectives) in simple sentences, plus numbers. Enough for demos, not for quality."""
-    import random
-    from importlib.resources import files
 
     assets = files("wonderwords") / "assets"
     nouns, verbs, adjs = ([w.strip() for w in (assets / f).read_text().split("\n") if w.strip()]

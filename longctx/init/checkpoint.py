@@ -9,6 +9,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from longctx.checkpoint.directory import copy_side_files, is_tokenizer_file, write_provenance
+from longctx.checkpoint.hub import hub_origin, resolve_checkpoint
+from longctx.checkpoint.paths import code_modules
+from longctx.checkpoint.rope import check_written_rope
+from longctx.checkpoint.rope_layers import asked_rope
+from longctx.checkpoint.tokenizer import (
+    check_tokenizer_source,
+    load_tokenizer,
+    require_tokenizer_files,
+    write_reference_tokenizer,
+)
+from longctx.core.errors import ref
+from longctx.core.files import CHECKPOINT_KIND, atomic_dir, check_output, json_object
+from longctx.init.bpe import train_bpe_tokenizer
+from longctx.init.presets import PRESET_DTYPES, PRESETS, model_config, parameter_count
 from longctx.init.settings import TOKENIZER_CHOICES, InitSettings
 
 
@@ -28,11 +43,6 @@ class InitResult:
 def _write_tokenizer(s: InitSettings, source: Path | None, out: Path):
     """Write the tokenizer `s.tokenizer` asks for (from the folder `source` when it names one) into `out`;
     return it loaded."""
-    from longctx.checkpoint.directory import copy_side_files, is_tokenizer_file
-    from longctx.checkpoint.paths import code_modules
-    from longctx.checkpoint.tokenizer import load_tokenizer, write_reference_tokenizer
-    from longctx.core.files import json_object
-    from longctx.init.bpe import train_bpe_tokenizer
 
     if s.tokenizer == "reference":
         write_reference_tokenizer(out)
@@ -54,9 +64,6 @@ def _check_config(s: InitSettings, overrides: dict) -> None:
     is written); a value of the wrong type or shape is the user's, named as `config`."""
     from huggingface_hub.errors import StrictDataclassError
 
-    from longctx.core.errors import ref
-    from longctx.init.presets import model_config, parameter_count
-
     try:
         parameter_count(model_config(s.preset, s.attention, 32000, s.match_params, **overrides))
     except (ValueError, TypeError, RuntimeError, StrictDataclassError) as e:  # building on `meta` runs no kernels
@@ -70,13 +77,6 @@ def init_checkpoint(s: InitSettings) -> InitResult:
     import torch
     from transformers import GenerationConfig
 
-    from longctx.checkpoint.directory import write_provenance
-    from longctx.checkpoint.hub import hub_origin, resolve_checkpoint
-    from longctx.checkpoint.rope import check_written_rope
-    from longctx.checkpoint.rope_layers import asked_rope
-    from longctx.checkpoint.tokenizer import check_tokenizer_source, require_tokenizer_files
-    from longctx.core.files import CHECKPOINT_KIND, atomic_dir, check_output
-    from longctx.init.presets import PRESET_DTYPES, PRESETS, model_config, parameter_count
     from longctx.models.gated_qwen3 import causal_lm_class
 
     s.check_inputs()

@@ -6,6 +6,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from longctx.checkpoint.directory import copy_side_files, is_tokenizer_file
+from longctx.checkpoint.tokenizer import write_reference_tokenizer
+from longctx.core.files import CHECKPOINT_KIND, atomic_dir
+from longctx.models.variants import gate_flags
+
 # Qwen3 with head_dim 64 (vLLM's CPU attention rejects head sizes below 32) and GQA 2:1; 32k vocab
 # to match the reference tokenizer. About 4.6M parameters, most of them the (tied) embedding.
 TINY_QWEN3: dict[str, Any] = {
@@ -52,10 +57,6 @@ def write_tiny_qwen3(out: str | os.PathLike, tokenizer_dir: str | os.PathLike | 
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
-    from longctx.checkpoint.directory import copy_side_files, is_tokenizer_file
-    from longctx.checkpoint.tokenizer import write_reference_tokenizer
-    from longctx.core.files import CHECKPOINT_KIND, atomic_dir
-
     out = Path(out)
     config = Qwen3Config(**{**TINY_QWEN3, **overrides}, architectures=["Qwen3ForCausalLM"])
     torch.manual_seed(seed)
@@ -80,7 +81,6 @@ def model_config(preset: str, attention: str, vocab_size: int, match_params: boo
     from transformers import Qwen3Config
 
     from longctx.models.gated_qwen3 import GatedQwen3Config, gate_width
-    from longctx.models.variants import gate_flags
 
     flags = gate_flags(attention)
     values = {**PRESETS[preset], "vocab_size": vocab_size, **overrides}

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import (
     ALL_ATTENTION_FUNCTIONS,
@@ -196,7 +197,6 @@ def causal_lm_class(config) -> type:
 
 def register_auto_classes() -> None:
     """Register the config and model with transformers' Auto classes (idempotent)."""
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
     for register in (lambda: AutoConfig.register(GatedQwen3Config.model_type, GatedQwen3Config),
                      lambda: AutoModel.register(GatedQwen3Config, GatedQwen3Model),

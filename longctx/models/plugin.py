@@ -10,13 +10,13 @@ spawned for longctx binds itself to longctx's lifetime (`longctx.core.processes.
 
 from __future__ import annotations
 
+from longctx.core.processes import adopt
+
 ARCHITECTURE = "GatedQwen3ForCausalLM"
 VLLM_MODEL = "longctx.models.vllm_gated_qwen3:GatedQwen3ForCausalLM"
 
 
 def register() -> None:
-    from longctx.core.processes import adopt
-
     # First: in an engine or worker process vLLM started for longctx, die with the process that started it
     # (and end now if it has ended); elsewhere nothing (`longctx.core.processes`).
     adopt()

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from longctx.checkpoint.hub import cached_file, parse_hub_id
+from longctx.checkpoint.rope import read_rope
 from longctx.core.files import CHECKPOINT_KIND
 from longctx.core.parse import loads
 from longctx.core.settings import Settings
@@ -82,7 +83,6 @@ def as_job(section: Settings, cls: type[Settings], **changes: Any) -> Settings:
 def checkpoint_trained_length(spec: str) -> int | None:
     """The length the checkpoint `spec` (a folder, or a Hub id in the local cache) was trained at, read from its
     config.json; None when that is not there yet (a Hub checkpoint not downloaded) or not readable."""
-    from longctx.checkpoint.rope import read_rope
 
     cfg_path = cached_file(spec, "config.json") if parse_hub_id(spec) else Path(spec) / "config.json"
     if cfg_path is None:

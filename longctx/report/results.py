@@ -26,6 +26,7 @@ from longctx.core.clock import utc_timestamp
 from longctx.core.errors import InputError
 from longctx.core.files import read_versioned_json
 from longctx.core.parse import loads
+from longctx.core.secrets import redact_url
 from longctx.report import stats
 
 RESULTS_FORMAT = "longctx-ruler-results/1"
@@ -214,7 +215,6 @@ def read_scores(run_dir: str | os.PathLike) -> dict[str, Any]:
 def _redacted(backend: Any) -> Any:
     """A scores.json's backend settings with the endpoint URL redacted (scores.json files written before URLs
     were redacted hold it as given, credentials included)."""
-    from longctx.core.secrets import redact_url
 
     if isinstance(backend, dict) and isinstance(backend.get("base_url"), str):
         return {**backend, "base_url": redact_url(backend["base_url"])}

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from longctx.core.errors import InputError
+from longctx.core.parse import loads
 from longctx.eval.binding import RUN_FILE, TASKS_DIR
 from longctx.eval.predictions import read_predictions, read_task_lines
 from longctx.eval.scoring import sample_scores
@@ -38,7 +39,6 @@ class Answers:
 
 def _recorded(run: Path) -> dict:
     """run.json's sha256 per task file ("<length>/<task>.jsonl"); empty when there is no readable run.json."""
-    from longctx.core.parse import loads
 
     try:
         files = loads((run / RUN_FILE).read_bytes()).get("files")

@@ -18,6 +18,8 @@ M-Act and the gate statistics come from forward hooks on the decoder layers and 
 from __future__ import annotations
 
 import functools
+import inspect
+import sys
 from typing import Any
 
 from longctx.core.errors import InputError
@@ -111,8 +113,6 @@ def _backend(softcap: float | None) -> str:
 @functools.cache
 def _eager_attention(cls):
     """The `eager_attention_forward` of the modeling file that defines `cls` (or a base class) and applies `softcap`."""
-    import inspect
-    import sys
 
     for c in cls.__mro__:
         fn = getattr(sys.modules.get(c.__module__), "eager_attention_forward", None)

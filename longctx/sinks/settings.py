@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from longctx.checkpoint.load import trust_remote_code_setting
+from longctx.checkpoint.load import check_device, trust_remote_code_setting
 from longctx.core.errors import InputError, ref
 from longctx.core.kinds import Bool, Choice, Count, Int, Length, LocalPath, Source, Text
 from longctx.core.settings import Settings, setting
+from longctx.data.sources import check_data_specs
 
 DEFAULT_TOKENS = 16384
 DEFAULT_MAX_LENGTH = 4096  # the paper's pretraining length; the default window never exceeds it
@@ -43,9 +44,6 @@ class SinksSettings(Settings):
                              "tokens")
 
     def check_inputs(self, offline_data: bool = True) -> None:
-        from longctx.checkpoint.load import check_device
-        from longctx.data.sources import check_data_specs
-
         # The device is what the machine has, like a file: checked here, before the model is loaded onto it.
         try:
             check_device(self.device, ref("device"))

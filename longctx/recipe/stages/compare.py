@@ -6,12 +6,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from longctx.core.errors import InputError
-from longctx.core.kinds import Bool, Choice, Length, Text
+from longctx.core.kinds import Bool, Choice, Length, Text, did_you_mean
 from longctx.core.settings import Settings, setting
 from longctx.recipe.stage import ComparisonStage, RunContext, Step
 from longctx.recipe.stages import stage
 from longctx.recipe.types import Recipe
+from longctx.report.compare import compare
 from longctx.report.compare_files import COMPARISON_KIND
+from longctx.report.loss import training_curves
 from longctx.report.settings import LAYOUTS, CompareSettings
 
 
@@ -33,8 +35,6 @@ class CompareStage(ComparisonStage):
     output_kind = COMPARISON_KIND
 
     def check_section(self, section: Settings, models: list[str], file: str) -> None:
-        from longctx.core.kinds import did_you_mean
-
         b = section.baseline
         if b is not None and b not in models:
             raise InputError(f"{file}: compare.baseline '{b}' is not a model of this recipe ({', '.join(models)})"
@@ -72,9 +72,6 @@ class CompareStage(ComparisonStage):
         return text
 
     def run(self, step: Step, ctx: RunContext) -> str:
-        from longctx.report.compare import compare
-        from longctx.report.loss import training_curves
-
         compare(step.jobs[0])
         for note in training_curves([Path(p) for p in step.settings["train_logs"]], step.outputs[0])[2]:
             ctx.log(f"note: {note}")

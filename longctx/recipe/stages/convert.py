@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from longctx.checkpoint.hub import parse_hub_id
+from longctx.convert.official import convert_checkpoint
 from longctx.convert.settings import ConvertSettings
 from longctx.core.errors import InputError
 from longctx.core.settings import Settings
@@ -32,6 +33,4 @@ class ConvertStage(SourceStage):
         return checkpoint_trained_length(section.source)
 
     def run(self, step: Step, ctx: RunContext) -> None:
-        from longctx.convert.official import convert_checkpoint
-
         convert_checkpoint(step.jobs[0])

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from longctx.core.settings import Settings
+from longctx.init.checkpoint import init_checkpoint
+from longctx.init.presets import PRESETS
 from longctx.init.settings import TOKENIZER_CHOICES, InitSettings
 from longctx.recipe.stage import RunContext, SourceStage, Step
 
@@ -21,11 +23,7 @@ class InitStage(SourceStage):
         return []  # the stage hash covers the tokenizer by its name (a setting), not by its files
 
     def trained_length(self, section: Settings) -> int | None:
-        from longctx.init.presets import PRESETS
-
         return {**PRESETS[section.preset], **section.config}.get("max_position_embeddings")
 
     def run(self, step: Step, ctx: RunContext) -> None:
-        from longctx.init.checkpoint import init_checkpoint
-
         init_checkpoint(step.jobs[0])

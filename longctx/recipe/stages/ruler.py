@@ -10,6 +10,7 @@ from longctx.core.errors import InputError
 from longctx.core.files import RULER_RUN_KIND
 from longctx.core.kinds import Names
 from longctx.core.settings import Settings, setting
+from longctx.eval.runner import run_ruler
 from longctx.eval.settings import RulerRunSettings
 from longctx.recipe.load import model_lengths
 from longctx.recipe.stage import (
@@ -68,7 +69,6 @@ class RulerStage(EvaluationStage):
         return record
 
     def run(self, step: Step, ctx: RunContext) -> None:
-        from longctx.eval.runner import run_ruler
         from longctx.report.run import write_report
 
         for job in step.jobs:

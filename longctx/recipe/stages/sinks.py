@@ -11,6 +11,7 @@ from longctx.core.settings import setting
 from longctx.recipe.markers import record_files
 from longctx.recipe.stage import EvaluationStage, RunContext, Step
 from longctx.recipe.stages.ruler import WHICH
+from longctx.sinks.measure import measure_sinks
 from longctx.sinks.schema import SINKS_KIND
 from longctx.sinks.settings import SinksSettings
 
@@ -30,7 +31,6 @@ class SinksStage(EvaluationStage):
 
     def run(self, step: Step, ctx: RunContext) -> None:
         from longctx.report.sinks import write_sinks_report
-        from longctx.sinks.measure import measure_sinks
 
         ruler_dir = step.dir.parent / self.beside
         for job in step.jobs:

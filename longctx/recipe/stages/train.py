@@ -8,6 +8,7 @@ import shlex
 import subprocess
 
 from longctx.core.settings import Settings
+from longctx.extend.loop import extend
 from longctx.extend.settings import ExtendSettings
 from longctx.recipe.launch import launch_command
 from longctx.recipe.stage import CheckpointStage, Lengths, RunContext, Step
@@ -29,7 +30,6 @@ class TrainStage(CheckpointStage):
             if rc != 0:
                 raise RuntimeError(f"{step.label}: the launched training exited with code {rc}")
             return
-        from longctx.extend.loop import extend
 
         extend(job)
 

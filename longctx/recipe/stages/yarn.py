@@ -6,6 +6,7 @@ from typing import Any
 
 from longctx.core.settings import Settings
 from longctx.recipe.stage import CheckpointStage, Lengths, RunContext, Step
+from longctx.yarn.scaling import yarn_checkpoint
 from longctx.yarn.settings import YarnSettings
 
 
@@ -31,6 +32,4 @@ class YarnStage(CheckpointStage):
         return changes
 
     def run(self, step: Step, ctx: RunContext) -> None:
-        from longctx.yarn.scaling import yarn_checkpoint
-
         yarn_checkpoint(step.jobs[0])
