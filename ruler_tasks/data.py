@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from longctx.core.errors import ref
 from longctx.core.parse import loads
 from ruler_tasks.errors import RulerDataWarning, RulerInputError
 
@@ -66,16 +67,16 @@ def resolve_sources(needed, data_dir=None, essay=None, squad=None, hotpotqa=None
         if v is None and data_dir is not None:
             d = Path(data_dir)
             if not d.is_dir():
-                raise RulerInputError(f"--data-dir '{data_dir}' is not a directory (give a folder holding essay.json, "
-                                      "squad.json, hotpotqa.json)")
+                raise RulerInputError(f"{ref('data_dir')} '{data_dir}' is not a directory (give a folder holding "
+                                      "essay.json, squad.json, hotpotqa.json)")
             v = str(d / FILE_NAMES[name])
             if not Path(v).is_file():
                 raise RulerInputError(
-                    f"{name} data not found: '{v}' does not exist (put {WHAT[name]} there or pass --{name} FILE)")
+                    f"{name} data not found: '{v}' does not exist (put {WHAT[name]} there or pass {ref(name)} FILE)")
         if v is None:
             raise RulerInputError(
-                f"the selected tasks need the {name} data: pass --data-dir DIR (with {FILE_NAMES[name]}) or --{name} "
-                f"FILE ({WHAT[name]})")
+                f"the selected tasks need the {name} data: pass {ref('data_dir')} DIR (with {FILE_NAMES[name]}) or "
+                f"{ref(name)} FILE ({WHAT[name]})")
         out[name] = str(v)
     return out
 

@@ -3,13 +3,24 @@
 `RulerInputError` is the one type for bad user input (unknown task, length too short, a tokenizer
 that does not load, a data file in the wrong format, ...). Its message is one line saying what was
 wrong and what to do; a CLI prints it and exits with code 2.
+
+It is a `longctx.core.errors.SettingError`: a message that names a parameter of `prepare` does it with
+`ref(name)` (the parameter names are the settings' names: samples, seed, lengths, template, system_prompt,
+chat_template_kwargs, think_tokens, data_dir, essay, squad, hotpotqa). `prepare` maps one to one onto
+`longctx ruler prepare`, so without an `owner` `str()` names them as that command line does (`--samples`);
+longctx sets the owner to the settings it called on behalf of, so a recipe shows `ruler.samples`.
 """
 
-from longctx.core.errors import InputError
+from longctx.core.errors import SettingError
 
 
-class RulerInputError(InputError):
+class RulerInputError(SettingError):
     """Bad user input for RULER task generation: one line for the user."""
+
+    def __str__(self) -> str:
+        if self.owner is None:  # the command-line names of `longctx ruler prepare`, which takes no `flag=` of its own
+            return self.render(lambda name: "--" + name.replace("_", "-"), cli=True)
+        return super().__str__()
 
 
 class RulerDataWarning(UserWarning):

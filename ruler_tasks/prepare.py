@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from longctx.core.errors import ref
 from longctx.core.files import check_output, make_output, open_atomic, write_json
 from longctx.core.hashing import hash_json, sha256_file, tokenizer_fingerprint
 from longctx.core.parse import loads
@@ -110,9 +111,9 @@ def check_tokenizer(tok, path) -> None:
 
 def _validate(lengths, samples, seed, template, specs: Sequence[TaskSpec]) -> list[int]:
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise RulerInputError(f"--samples must be a positive integer (got {samples!r})")
+        raise RulerInputError(f"{ref('samples')} must be a positive integer (got {samples!r})")
     if isinstance(seed, bool) or not isinstance(seed, int):
-        raise RulerInputError(f"--seed must be an integer (got {seed!r})")
+        raise RulerInputError(f"{ref('seed')} must be an integer (got {seed!r})")
     if template not in TEMPLATE_NAMES:
         raise RulerInputError(f"unknown template '{template}'; choose one of: {', '.join(TEMPLATE_NAMES)}")
     if isinstance(lengths, int):
@@ -124,7 +125,7 @@ def _validate(lengths, samples, seed, template, specs: Sequence[TaskSpec]) -> li
         if L not in out:
             out.append(L)
     if not out:
-        raise RulerInputError("give at least one length (e.g. --lengths 4k,8k)")
+        raise RulerInputError(f"give at least one length (e.g. {ref('lengths')} 4k,8k)")
     for spec in specs:
         for L in out:
             if L < spec.min_length:
@@ -199,6 +200,7 @@ def _write_task_file(path: Path, gen, samples: int, label: str, progress: bool) 
 def prepare(
     tokenizer: Any,
     lengths: Iterable[int],
+    *,
     tasks: Sequence[str] | str | None = None,
     samples: int = 500,
     seed: int = 42,
@@ -208,7 +210,6 @@ def prepare(
     squad: str | None = None,
     hotpotqa: str | None = None,
     out_dir: str | os.PathLike = "ruler_data",
-    *,
     english_words: str | os.PathLike | None = None,
     progress: bool = True,
     system_prompt: str | None = None,
@@ -218,16 +219,15 @@ def prepare(
     """Write `out_dir/<length>/<task>.jsonl` for every length x task, plus `out_dir/manifest.json`.
 
     Maps 1:1 onto `longctx ruler prepare --tokenizer --lengths --tasks --samples --seed --template
-    --system-prompt --chat-template-kwargs --data-dir --essay --squad --hotpotqa -o`. `tokenizer` is a
-    tokenizer directory or an already loaded fast tokenizer. Bad input raises `RulerInputError` before anything
-    is written; the few refusals only generation can find (no sample fits the length) remove the folder this
-    call made. `thinking` overrides what the chat template says of thinking (`model_template`). `out_dir` is
-    checked, locked and marked like any verb's output (`longctx.core.files.check_output`): a folder of other
-    files is refused, one this function wrote (a `ruler tasks` output, or an older one with its manifest) is
-    reused and updated.
+    --system-prompt --chat-template-kwargs --data-dir --essay --squad --hotpotqa -o` (`out_dir`); everything
+    after `lengths` is given by name. `tokenizer` is a tokenizer directory or an already loaded fast tokenizer.
+    Bad input raises `RulerInputError` before anything is written; the few refusals only generation can find
+    (no sample fits the length) remove the folder this call made. `thinking` overrides what the chat template
+    says of thinking (`model_template`). `out_dir` is checked, locked and marked like any verb's output
+    (`longctx.core.files.check_output`): a folder of other files is refused, one this function wrote (a `ruler
+    tasks` output, or an older one with its manifest) is reused and updated.
     """
-    from ruler_tasks.data import load_source, resolve_sources
-    from ruler_tasks.qa import check_samples
+    from ruler_tasks.data import resolve_sources
 
     specs = resolve_tasks(tasks)
     lengths = _validate(list(lengths) if not isinstance(lengths, int) else lengths, samples, seed, template, specs)
@@ -245,34 +245,62 @@ def prepare(
     out = Path(out_dir)
     request = _request(fp, lengths, specs, samples, seed, template, words_sha, (data_dir, essay, squad, hotpotqa),
                        mtemplate, thinking)
-    rels = [f"{L}/{s.name}.jsonl" for L in lengths for s in specs]
+    inputs = _Inputs(tok, fp, getattr(tok, "name_or_path", None) if loaded else str(tokenizer), lengths, specs,
+                     samples, seed, mtemplate, words, words_sha)
     # The output is checked, locked and marked as `ruler run` takes its run directory: never a folder of the
     # user's own files, one writer at a time.
     with check_output(out, TASKS_KIND, inputs=[("tokenizer", source)] if source.is_dir() else [],
                       legacy=_made_by_prepare):
-        manifest = _read_manifest(out)
-        if manifest.get("request") == request and _intact(out, manifest, rels):
-            return PrepareResult(out, [out / r for r in rels],
-                                 [TaskTiming(s.name, L, samples, 0.0, 0.0, True) for L in lengths for s in specs],
-                                 manifest)
-        data = {n: load_source(n, o) for n, o in origins.items()}
-        for spec in specs:
-            if spec.generator == "qa":
-                check_samples(spec.name, spec.args["dataset"], data[spec.args["dataset"]].obj, samples,
-                              spec.args.get("pre_samples", 0))
-        new = _first_missing(out)
-        make_output(out, TASKS_KIND)
-        path_name = getattr(tok, "name_or_path", None) if loaded else str(tokenizer)
-        try:
-            result = _generate(tok, fp, path_name, lengths, specs, samples, seed, mtemplate, data, words, words_sha,
-                               out, manifest, progress)
-        except RulerInputError:
-            if new is not None:  # a folder this call made: a refusal leaves nothing behind
-                shutil.rmtree(new, ignore_errors=True)
-            raise
-        manifest["request"] = request
-        write_json(out / MANIFEST, manifest)
-        return result
+        return _write_tasks(inputs, out, request, origins, progress)
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """What `prepare` generates from, checked: the tokenizer (its fingerprint, the path it is recorded by), the
+    lengths and tasks, samples, seed, model template and english words."""
+
+    tok: Any
+    fp: str
+    path_name: str | None
+    lengths: list[int]
+    specs: list[TaskSpec]
+    samples: int
+    seed: int
+    mtemplate: Any
+    words: list | None
+    words_sha: str | None
+
+
+def _write_tasks(i: _Inputs, out: Path, request: str, origins: dict[str, str], progress: bool) -> PrepareResult:
+    """The task files of `i` in `out` (locked by the caller): the manifest's own when it answered this very
+    `request` and every file is intact, else each reused or generated; the data each needs loaded and checked
+    first."""
+    from ruler_tasks.data import load_source
+    from ruler_tasks.qa import check_samples
+
+    rels = [f"{L}/{s.name}.jsonl" for L in i.lengths for s in i.specs]
+    manifest = _read_manifest(out)
+    if manifest.get("request") == request and _intact(out, manifest, rels):
+        return PrepareResult(out, [out / r for r in rels],
+                             [TaskTiming(s.name, L, i.samples, 0.0, 0.0, True) for L in i.lengths for s in i.specs],
+                             manifest)
+    data = {n: load_source(n, o) for n, o in origins.items()}
+    for spec in i.specs:
+        if spec.generator == "qa":
+            check_samples(spec.name, spec.args["dataset"], data[spec.args["dataset"]].obj, i.samples,
+                          spec.args.get("pre_samples", 0))
+    new = _first_missing(out)
+    make_output(out, TASKS_KIND)
+    try:
+        result = _generate(i.tok, i.fp, i.path_name, i.lengths, i.specs, i.samples, i.seed, i.mtemplate, data,
+                           i.words, i.words_sha, out, manifest, progress)
+    except RulerInputError:
+        if new is not None:  # a folder this call made: a refusal leaves nothing behind
+            shutil.rmtree(new, ignore_errors=True)
+        raise
+    manifest["request"] = request
+    write_json(out / MANIFEST, manifest)
+    return result
 
 
 def _request(fp: str, lengths: list[int], specs: list[TaskSpec], samples: int, seed: int, template: str,

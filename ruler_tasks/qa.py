@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from longctx.core.errors import ref
 from ruler_tasks._common import GenContext, binary_search, fit_sample, record
 from ruler_tasks.constants import TASK_TEMPLATES
 from ruler_tasks.data import read_hotpotqa, read_squad
@@ -28,7 +29,7 @@ def check_samples(task: str, dataset: str, obj, num_samples: int, pre_samples: i
     if pre_samples + num_samples > have:
         raise RulerInputError(
             f"{task}: the {dataset} data has {have} usable questions, fewer than the {num_samples} "
-            "samples asked for; lower --samples or give the full dataset")
+            f"samples asked for; lower {ref('samples')} or give the full dataset")
 
 
 def generate(ctx: GenContext):

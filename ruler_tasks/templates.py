@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from longctx.core.errors import ref
 from ruler_tasks.errors import RulerInputError
 
 TEMPLATE_NAMES = ("base", "chat")
@@ -111,15 +112,15 @@ def _check_kwargs(kwargs) -> dict | None:
     if kwargs is None:
         return None
     if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
-        raise RulerInputError(f"--chat-template-kwargs must be a JSON object (got {kwargs!r})")
+        raise RulerInputError(f"{ref('chat_template_kwargs')} must be a JSON object (got {kwargs!r})")
     bad = sorted(set(kwargs) & _RESERVED_KWARGS)
     if bad:
-        raise RulerInputError(f"--chat-template-kwargs cannot set {', '.join(bad)}: RULER's chat rendering sets "
-                              "how the template is called; give only the template's own variables")
+        raise RulerInputError(f"{ref('chat_template_kwargs')} cannot set {', '.join(bad)}: RULER's chat rendering "
+                              "sets how the template is called; give only the template's own variables")
     try:
         json.dumps(kwargs, allow_nan=False)
     except (TypeError, ValueError) as e:
-        raise RulerInputError(f"--chat-template-kwargs must hold JSON values only ({e})") from None
+        raise RulerInputError(f"{ref('chat_template_kwargs')} must hold JSON values only ({e})") from None
     return dict(kwargs) or None
 
 
@@ -162,17 +163,17 @@ def model_template(name: str, tokenizer=None, system_prompt: str | None = None,
     """
     kwargs = _check_kwargs(chat_template_kwargs)
     if system_prompt is not None and not isinstance(system_prompt, str):
-        raise RulerInputError(f"--system-prompt must be text (got {system_prompt!r})")
+        raise RulerInputError(f"{ref('system_prompt')} must be text (got {system_prompt!r})")
     if name == "base":
         if system_prompt is not None or kwargs or thinking:
-            raise RulerInputError("--system-prompt, --chat-template-kwargs and --think-tokens are for the chat "
-                                  "template; add --template chat, or drop them")
+            raise RulerInputError(f"{ref('system_prompt')}, {ref('chat_template_kwargs')} and {ref('think_tokens')} "
+                                  f"are for the chat template; add {ref('template')} chat, or drop them")
         return ModelTemplate("base")
     if name != "chat":
         raise RulerInputError(f"unknown template '{name}'; choose one of: {', '.join(TEMPLATE_NAMES)}")
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise RulerInputError("--template chat needs a tokenizer with a chat template (this one has none); "
-                              "use --template base")
+        raise RulerInputError(f"{ref('template')} chat needs a tokenizer with a chat template (this one has none); "
+                              f"use {ref('template')} base")
     user = [{"role": "user", "content": _SENTINEL}]
     system = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
 
@@ -183,12 +184,13 @@ def model_template(name: str, tokenizer=None, system_prompt: str | None = None,
         text = _bounded(render, system + user, kwargs)
     except _RenderTimeout:
         raise RulerInputError(f"the tokenizer's chat template did not finish rendering one message within "
-                              f"{RENDER_LIMIT_S:g} s (the limit); fix its loops, or use --template base") from None
+                              f"{RENDER_LIMIT_S:g} s (the limit); fix its loops, or use {ref('template')} "
+                              "base") from None
     except Exception as e:  # noqa: BLE001 - a template that does not render is a user-input problem
         raise RulerInputError(_render_failure(render, e, system, user, kwargs)) from None
     if not isinstance(text, str) or text.count(_SENTINEL) != 1:
-        raise RulerInputError("the tokenizer's chat template does not place the user message once; "
-                              "use --template base")
+        raise RulerInputError(f"the tokenizer's chat template does not place the user message once; "
+                              f"use {ref('template')} base")
     head, tail = text.split(_SENTINEL)
     bos = getattr(tokenizer, "bos_token", None)
     if bos and head.startswith(bos):
@@ -207,14 +209,14 @@ def _render_failure(render, e: Exception, system: list, user: list, kwargs: dict
         return True
 
     if system and works(user, kwargs):
-        return f"the tokenizer's chat template refuses a system message ({_why(e)}); drop --system-prompt"
+        return f"the tokenizer's chat template refuses a system message ({_why(e)}); drop {ref('system_prompt')}"
     if kwargs and works(system + user, None):
-        return (f"the tokenizer's chat template fails with --chat-template-kwargs {json.dumps(kwargs)} ({_why(e)}); "
-                "change or drop --chat-template-kwargs")
+        return (f"the tokenizer's chat template fails with {ref('chat_template_kwargs')} {json.dumps(kwargs)} "
+                f"({_why(e)}); change or drop {ref('chat_template_kwargs')}")
     if (system or kwargs) and works(user, None):
-        return (f"the tokenizer's chat template fails with --system-prompt and --chat-template-kwargs together "
-                f"({_why(e)}); drop one of them")
-    return f"the tokenizer's chat template failed to render ({_why(e)}); use --template base"
+        return (f"the tokenizer's chat template fails with {ref('system_prompt')} and {ref('chat_template_kwargs')} "
+                f"together ({_why(e)}); drop one of them")
+    return f"the tokenizer's chat template failed to render ({_why(e)}); use {ref('template')} base"
 
 
 def split_format(fmt: str, **kwargs) -> tuple[str, str]:

@@ -56,7 +56,7 @@ def main() -> None:
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            res = prepare(tok, lengths, args.tasks, samples=args.samples, seed=42, template="base",
+            res = prepare(tok, lengths, tasks=args.tasks, samples=args.samples, seed=42, template="base",
                           data_dir=ROOT / "tests" / "data" / "ruler" / "data", out_dir=out, progress=False)
         wall = time.perf_counter() - t0
 

@@ -171,7 +171,7 @@ def test_prepare_every_generator_splits_at_the_prefix(tok, tmp_path):
     """Thinking layout for each generator kind: `input + answer_prefix` is the whole prompt, cut where the
     (last) answer prefix starts, and the answer prefix is that prefix plus the generation prompt."""
     _with(tok, QWEN3_THINKING_2507)
-    r = prepare(tok, [2048], ["niah_multiquery", "vt", "cwe", "fwe", "qa_1"], samples=2, template="chat",
+    r = prepare(tok, [2048], tasks=["niah_multiquery", "vt", "cwe", "fwe", "qa_1"], samples=2, template="chat",
                 data_dir=FIXTURE_DATA, out_dir=tmp_path / "o", progress=False)
     tail = "<|im_end|>\n<|im_start|>assistant\n<think>\n"
     starts = {"niah_multiquery": " The special magic numbers for ", "vt": " Answer: According to the chain(s)",

@@ -23,7 +23,7 @@ def golden_run(reference_tokenizer_dir, tmp_path_factory, monkeypatch_module):
     # every token count in this run is also checked against a full tokenization
     monkeypatch_module.setenv("RULER_TASKS_VERIFY_COUNTS", "1")
     out = tmp_path_factory.mktemp("ruler_golden")
-    res = prepare(reference_tokenizer_dir, [4096, 8192], None, samples=10, seed=42, template="base",
+    res = prepare(reference_tokenizer_dir, [4096, 8192], tasks=None, samples=10, seed=42, template="base",
                   data_dir=FIXTURE_DATA, out_dir=out, progress=False)
     return out, res
 

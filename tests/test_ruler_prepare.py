@@ -57,7 +57,7 @@ def test_writes_and_reuses(reference_tokenizer_dir, tmp_path):
 @pytest.mark.slow
 def test_lengths_below_4096_and_odd(reference_tokenizer_dir, tmp_path):
     # upstream switches to 5-line steps and smaller CWE examples below 4096; nothing special-cased
-    r = prepare(reference_tokenizer_dir, [3000], ["niah_single_1", "vt", "cwe", "fwe"], samples=2, seed=1,
+    r = prepare(reference_tokenizer_dir, [3000], tasks=["niah_single_1", "vt", "cwe", "fwe"], samples=2, seed=1,
                 out_dir=tmp_path, progress=False)
     for p in r.files:
         for line in p.read_text().splitlines():
@@ -86,10 +86,10 @@ def test_bad_inputs(reference_tokenizer_dir, tmp_path, kw, msg):
 
 def test_bad_tokenizer_path(tmp_path):
     with pytest.raises(RulerInputError, match="does not exist"):
-        prepare(tmp_path / "missing", [4096], ["vt"], out_dir=tmp_path / "o", progress=False)
+        prepare(tmp_path / "missing", [4096], tasks=["vt"], out_dir=tmp_path / "o", progress=False)
     (tmp_path / "empty").mkdir()
     with pytest.raises(RulerInputError, match="could not load a tokenizer"):
-        prepare(tmp_path / "empty", [4096], ["vt"], out_dir=tmp_path / "o", progress=False)
+        prepare(tmp_path / "empty", [4096], tasks=["vt"], out_dir=tmp_path / "o", progress=False)
 
 
 @pytest.mark.parametrize("content, msg", [
@@ -103,7 +103,7 @@ def test_bad_data_files(reference_tokenizer_dir, tmp_path, content, msg):
     shutil.copytree(FIXTURE_DATA, d)
     (d / "squad.json").write_bytes(content)
     with pytest.raises(RulerInputError, match=msg):
-        prepare(reference_tokenizer_dir, [2048], ["qa_1"], samples=1, data_dir=d, out_dir=tmp_path / "o",
+        prepare(reference_tokenizer_dir, [2048], tasks=["qa_1"], samples=1, data_dir=d, out_dir=tmp_path / "o",
                 progress=False)
 
 
@@ -115,7 +115,7 @@ def test_unknown_checksum_warns_and_is_recorded(reference_tokenizer_dir, tmp_pat
     essay["text"] += " One more sentence."
     (d / "my_essay.json").write_text(json.dumps(essay))
     with pytest.warns(UserWarning, match="not a known checksum"):
-        prepare(reference_tokenizer_dir, [2048], ["niah_single_2"], samples=1, data_dir=d,
+        prepare(reference_tokenizer_dir, [2048], tasks=["niah_single_2"], samples=1, data_dir=d,
                 essay=str(d / "my_essay.json"), out_dir=tmp_path / "o", progress=False)
     m = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert m["data"]["essay"]["known"] is False and m["data"]["essay"]["origin"].endswith("my_essay.json")
@@ -129,7 +129,7 @@ def test_chat_template(reference_tokenizer_dir, tmp_path):
     cfg["chat_template"] = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
                             "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
     (tok_dir / "tokenizer_config.json").write_text(json.dumps(cfg))
-    r = prepare(tok_dir, [2048], ["niah_single_1", "vt", "cwe"], samples=2, template="chat", out_dir=tmp_path / "o",
+    r = prepare(tok_dir, [2048], tasks=["niah_single_1", "vt", "cwe"], samples=2, template="chat", out_dir=tmp_path / "o",
                 progress=False)
     rec = json.loads(r.files[0].read_text().splitlines()[0])
     assert rec["input"].startswith("<|user|>\nA special magic number is hidden")

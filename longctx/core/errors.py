@@ -17,8 +17,16 @@ _REF = re.compile("\x1e([A-Za-z_][A-Za-z0-9_]*)\x1f")
 
 
 def render_refs(text: str, name: Callable[[str], str]) -> str:
-    """`text` with every `ref(setting)` in it named by `name` (a flag, a recipe key)."""
-    return _REF.sub(lambda m: name(m.group(1)), text)
+    """`text` with every `ref(setting)` in it named by `name` (a flag, a recipe key); a name `name` does not
+    know (text from outside that happens to hold the marker bytes) is shown as it is, never a traceback."""
+
+    def named(m: re.Match) -> str:
+        try:
+            return name(m.group(1))
+        except (StopIteration, KeyError, AttributeError):
+            return m.group(1)
+
+    return _REF.sub(named, text)
 
 
 class InputError(ValueError):

@@ -22,10 +22,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from longctx.core.errors import InputError
+from longctx.core.errors import InputError, SettingError, ref
 from longctx.core.files import RULER_RUN_KIND, link_or_copy, make_temp_dir, mark_output, output_kind, write_json
 from longctx.core.locks import OutputLock
 from longctx.core.parse import loads
+from longctx.eval.backends import option_users
 
 RUN_FILE = "run.json"
 RUN_FORMAT = "longctx-ruler-run/1"
@@ -33,15 +34,15 @@ TASKS_DIR = "tasks"
 STAGE_TAG = "stage"
 # Upstream: temperature 0 (greedy), top_p 1, max_tokens = the task's tokens_to_generate, no stop words.
 SAMPLING = {"temperature": 0.0, "top_p": 1.0, "max_tokens": "tokens_to_generate of each task", "stop": []}
-_LABELS = {"fingerprint": "checkpoint", "tokenizer": "tokenizer", "seed": "--seed", "samples": "--samples",
-           "template": "--template", "system_prompt": "--system-prompt",
-           "chat_template_kwargs": "--chat-template-kwargs", "think_tokens": "--think-tokens", "backend": "--backend",
-           "sampling": "sampling settings", "engine": "engine options"}
-# The backend options that can change a prediction (each backend's `binding()`), as the messages name them.
-_ENGINE_LABELS = {"dtype": "--dtype", "tensor_parallel_size": "--tensor-parallel-size",
-                  "data_parallel_size": "--data-parallel-size", "device": "--device", "base_url": "--base-url",
-                  "served_model": "--served-model", "served_root": "the served model's root",
-                  "trust_served_model": "--trust-served-model"}
+# The binding's keys, in the order a refusal lists what changed: the settings of `ruler run` of the same name
+# (named with `ref`: the refusal is a `SettingError`), and the values that are not a setting, in words.
+_BOUND = ("fingerprint", "tokenizer", "seed", "samples", "template", "system_prompt", "chat_template_kwargs",
+          "think_tokens", "backend", "sampling", "engine")
+_WORDS = {"fingerprint": "checkpoint", "tokenizer": "tokenizer", "sampling": "sampling settings",
+          "engine": "engine options"}
+# The backend options that can change a prediction (each backend's `binding()`) are named as the option of the
+# same name; these binding keys are another option's value, or none's.
+_ENGINE_WORDS = {"served_model": ref("model"), "served_root": "the served model's root"}
 
 
 def _shown(value: Any) -> str:
@@ -49,11 +50,19 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _engine_label(key: str) -> str:
+    """How a refusal names the engine option `key` of a binding."""
+    if key in _ENGINE_WORDS:
+        return _ENGINE_WORDS[key]
+    return ref(key) if key in option_users() else key
+
+
 def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """'--seed 42 -> 1', '--dtype "bfloat16" -> "float32"', ...: every binding value a rerun would change (the
-    engine options one by one; a run.json from before they were bound says so)."""
+    """'--seed 42 -> 1', '--dtype "bfloat16" -> "float32"', ... (settings named with `ref`): every binding value
+    a rerun would change (the engine options one by one; a run.json from before they were bound says so)."""
     diffs = []
-    for key, label in _LABELS.items():
+    for key in _BOUND:
+        label = _WORDS.get(key, ref(key))
         if key == "engine" and key not in old:
             diffs.append("engine options (not recorded in this run directory) -> " + _shown(new[key]))
         elif key == "engine":
@@ -78,17 +87,18 @@ def _option_differences(was: dict[str, Any], now: dict[str, Any]) -> list[str]:
     for k in dict.fromkeys([*was, *now]):
         if k == "engine_args":
             args_was, args_now = (d.get(k) if isinstance(d.get(k), dict) else {} for d in (was, now))
-            diffs += [f"--engine-arg {a} {_shown(args_was.get(a))} -> {_shown(args_now.get(a))}"
+            diffs += [f"{ref('engine_args')} {a} {_shown(args_was.get(a))} -> {_shown(args_now.get(a))}"
                       for a in dict.fromkeys([*args_was, *args_now]) if args_was.get(a) != args_now.get(a)]
         elif was.get(k) != now.get(k):
             old, new = (_url(v) if k == "base_url" else v for v in (was.get(k), now.get(k)))
-            diffs.append(f"{_ENGINE_LABELS.get(k, k)} {_shown(old)} -> {_shown(new)}")
+            diffs.append(f"{_engine_label(k)} {_shown(old)} -> {_shown(new)}")
     return diffs
 
 
 def check_run_dir(out: Path, binding: dict[str, Any]) -> dict[str, Any]:
     """The run.json content of `out` (a new one, not yet written, when `out` is new or empty), or InputError
-    when `out` is bound to something else or is not a run directory. Writes nothing."""
+    when `out` is bound to something else (a `SettingError` naming the settings that differ, its owner left to
+    the caller) or is not a run directory. Writes nothing."""
     path = out / RUN_FILE
     if out.exists() and not out.is_dir():
         raise InputError(f"'{out}' is a file, not a folder; choose another -o")
@@ -107,8 +117,8 @@ def check_run_dir(out: Path, binding: dict[str, Any]) -> dict[str, Any]:
                              "use another -o")
         diffs = _differences(old, binding)
         if diffs:
-            raise InputError(f"run directory '{out}' was made with other settings: {'; '.join(diffs)}; use the "
-                             "same settings to continue it, or another -o")
+            raise SettingError(f"run directory '{out}' was made with other settings: {'; '.join(diffs)}; use the "
+                               "same settings to continue it, or another -o")
         run.setdefault("files", {})
         return run
     if out.exists() and any(not p.name.startswith(f".{TASKS_DIR}.{STAGE_TAG}-") for p in out.iterdir()):

@@ -28,12 +28,18 @@ from collections.abc import Iterator
 import httpcore
 import httpx
 
-from longctx.core.errors import InputError
+from longctx.core.errors import SettingError, ref
 from longctx.core.secrets import REDACTED, redact_url
+from longctx.eval.backends.openai import OpenAIOptions
 
 # A secret shorter than this is not masked in free text (a server's error message): a one- or two-character
 # value would mask every occurrence of those characters.
 _MIN_SECRET = 3
+
+
+def _refusal(text: str) -> SettingError:
+    """A refusal of the base URL, which `ref('base_url')` names as the openai backend's option."""
+    return SettingError(text, OpenAIOptions)
 
 
 class Endpoint:
@@ -53,8 +59,8 @@ class Endpoint:
         except ValueError:
             parts = None
         if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-            raise InputError(f"--base-url '{redact_url(base_url)}' is not an http(s) URL; "
-                             "e.g. http://127.0.0.1:8000/v1")
+            raise _refusal(f"{ref('base_url')} '{redact_url(base_url)}' is not an http(s) URL; "
+                           "e.g. http://127.0.0.1:8000/v1")
         user, at, host = parts.netloc.rpartition("@")
         name, _, password = user.partition(":")
         self._basic = (urllib.parse.unquote(name), urllib.parse.unquote(password)) if at else None
@@ -66,16 +72,18 @@ class Endpoint:
         try:
             httpx.URL(self.url(""))
         except httpx.InvalidURL:
-            raise InputError(f"--base-url '{redact_url(base_url)}' is not an http(s) URL; "
-                             "e.g. http://127.0.0.1:8000/v1") from None
+            raise _refusal(f"{ref('base_url')} '{redact_url(base_url)}' is not an http(s) URL; "
+                           "e.g. http://127.0.0.1:8000/v1") from None
         # the fragment is never sent: it is left out of what is shown
         self.shown = redact_url(urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, "")))
         self.server = redact_url(self.shown, userinfo=False)
         if self._basic is not None and os.environ.get(api_key_env):
-            raise InputError(f"--base-url '{self.shown}' holds a user name and password (basic auth) and "
-                             f"{api_key_env} is set (a Bearer key): a request carries one of them; drop the user "
-                             f"info from --base-url or unset {api_key_env}")
-        self.credential = ("basic auth from the user info of --base-url" if self._basic is not None else
+            raise _refusal(f"{ref('base_url')} '{self.shown}' holds a user name and password (basic auth) and "
+                           f"{api_key_env} is set (a Bearer key): a request carries one of them; drop the user "
+                           f"info from {ref('base_url')} or unset {api_key_env}")
+        # a line that is said (`credential: ...`), not an error: it names the option as the command line does
+        self.credential = (f"basic auth from the user info of {OpenAIOptions.flag('base_url')}"
+                           if self._basic is not None else
                            f"{api_key_env} (Bearer)" if os.environ.get(api_key_env) else "none")
 
     def __repr__(self) -> str:

@@ -13,19 +13,19 @@ import functools
 import json
 from typing import Any
 
-from longctx.core.errors import InputError
+from longctx.core.errors import SettingError, ref
 from longctx.core.kinds import did_you_mean
 
-# Engine arguments longctx sets itself, and where the user sets them instead.
-OWN = {"model": "the checkpoint argument", "max_model_len": "derived from --lengths",
+# Engine arguments longctx sets itself, and where the user sets them instead: a setting of `ruler run` (named
+# with `ref`: the messages are `SettingError`s, named by whoever shows them) or words.
+OWN = {"model": "the checkpoint argument", "max_model_len": f"derived from {ref('lengths')}",
        "tokenizer": "the task files are cut with the checkpoint's own tokenizer",
        "tokenizer_revision": "the checkpoint argument names the revision",
        "revision": "the checkpoint argument names the revision",
        "skip_tokenizer_init": "prompts are text, so the engine needs its tokenizer",
-       "dtype": "--dtype", "tensor_parallel_size": "--tensor-parallel-size",
-       "data_parallel_size": "--data-parallel-size", "gpu_memory_utilization": "--gpu-memory-utilization",
-       "kv_cache_memory_bytes": "--kv-cache-memory", "enforce_eager": "--enforce-eager",
-       "trust_remote_code": "--trust-remote-code", "seed": "greedy decoding; the engine seed is recorded as 0"}
+       **{name: ref(name) for name in ("dtype", "tensor_parallel_size", "data_parallel_size",
+                                       "gpu_memory_utilization", "enforce_eager", "trust_remote_code")},
+       "kv_cache_memory_bytes": ref("kv_cache_memory"), "seed": "greedy decoding; the engine seed is recorded as 0"}
 # Engine arguments that size or schedule the work without changing what the model computes: a run directory
 # is not bound to them, so a resume may change them (e.g. a smaller batch after running out of memory).
 RESOURCES = frozenset({"max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "swap_space",
@@ -49,7 +49,7 @@ def _flag(value: Any, what: str) -> bool:
         return value
     if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
         return value.strip().lower() in _TRUE
-    raise InputError(f"{what} must be true or false, got {value!r}")
+    raise SettingError(f"{what} must be true or false, got {value!r}")
 
 
 def _convert(action: argparse.Action, value: Any, what: str) -> Any:
@@ -69,25 +69,27 @@ def _convert_one(action: argparse.Action, value: Any, what: str) -> Any:
     try:
         typed = action.type(text) if action.type is not None else text
     except RecursionError:  # vLLM's JSON arguments are parsed with json.loads, unbounded
-        raise InputError(f"{what}: vLLM's {action.option_strings[0]} refuses a value nested this deep") from None
+        raise SettingError(f"{what}: vLLM's {action.option_strings[0]} refuses a value nested this deep") from None
     except (ValueError, TypeError, argparse.ArgumentTypeError, json.JSONDecodeError) as e:
-        raise InputError(f"{what}: vLLM's {action.option_strings[0]} refuses {value!r} ({e})") from None
+        raise SettingError(f"{what}: vLLM's {action.option_strings[0]} refuses {value!r} ({e})") from None
     if action.choices is not None and typed not in action.choices:
         shown = ", ".join(map(str, action.choices))
-        raise InputError(f"{what} must be one of {shown}, got {value!r}{did_you_mean(str(value), action.choices)}")
+        raise SettingError(f"{what} must be one of {shown}, got {value!r}{did_you_mean(str(value), action.choices)}")
     return typed
 
 
-def typed_engine_args(given: dict[str, Any], label: str = "--engine-arg") -> dict[str, Any]:
-    """`given` with every value converted to the type vLLM gives it; InputError for a name vLLM does not have,
-    one longctx sets itself, or a value of the wrong type."""
+def typed_engine_args(given: dict[str, Any], label: str = ref("engine_args")) -> dict[str, Any]:
+    """`given` with every value converted to the type vLLM gives it; SettingError (its names are `ruler run`'s
+    settings, `label` first, owner left to the caller) for a name vLLM does not have, one longctx sets itself,
+    or a value of the wrong type."""
     options = _options()
     out = {}
     for key, value in given.items():
         if key in OWN:
-            raise InputError(f"{label} {key}: longctx sets this one ({OWN[key]})")
+            raise SettingError(f"{label} {key}: longctx sets this one ({OWN[key]})")
         if key not in options:
-            raise InputError(f"{label} {key}: vLLM's EngineArgs has no such field{did_you_mean(key, list(options))}")
+            raise SettingError(f"{label} {key}: vLLM's EngineArgs has no such field"
+                               f"{did_you_mean(key, list(options))}")
         action = options[key]
         out[key] = value if action is None else _convert(action, value, f"{label} {key}")
     return out

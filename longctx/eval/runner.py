@@ -16,18 +16,19 @@ hash is predicted again (`longctx.eval.predictions`); the run directory is trust
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from longctx.core.errors import InputError
-from longctx.core.files import check_apart, write_json
-from longctx.core.hashing import hash_json
+from longctx.core.errors import InputError, SettingError, ref
+from longctx.core.files import check_apart, json_object, write_json
+from longctx.core.hashing import hash_json, tokenizer_fingerprint
 from longctx.core.parse import loads
 from longctx.eval.backends import BackendContext, make_backend
-from longctx.eval.binding import SAMPLING, TASKS_DIR, check_run_dir, record_task_files, staged_run
+from longctx.eval.binding import SAMPLING, TASKS_DIR, StagedRun, check_run_dir, record_task_files, staged_run
 from longctx.eval.predictions import PredictionWriter, TaskLine, prompt_hash, read_predictions, read_task_lines
 from longctx.eval.request import Request
 from longctx.eval.scoring import score_predictions
@@ -187,10 +188,41 @@ def _check_thinking(thinks: bool, s: RulerRunSettings) -> None:
     """A model whose chat template makes it think first needs a thinking budget (RULER's answer budgets of
     32-128 tokens end mid-thought), or the user's word that it does not think (--think-tokens 0)."""
     if thinks and s.think_tokens is None:
-        raise InputError(f"the chat template of '{s.checkpoint}' makes the model think before it answers, and "
-                         f"RULER's answer budgets (32-128 tokens) end mid-thought; give a thinking budget with "
-                         "--think-tokens N (e.g. 2048), turn thinking off (e.g. --chat-template-kwargs "
-                         "'{\"enable_thinking\": false}'), or pass --think-tokens 0 if this model does not think")
+        raise s.error(f"the chat template of '{s.checkpoint}' makes the model think before it answers, and RULER's "
+                      f"answer budgets (32-128 tokens) end mid-thought; give a thinking budget with "
+                      f"{ref('think_tokens')} N (e.g. 2048), turn thinking off (e.g. {ref('chat_template_kwargs')} "
+                      f"'{{\"enable_thinking\": false}}'), or pass {ref('think_tokens')} 0 if this model does not "
+                      "think")
+
+
+@contextlib.contextmanager
+def _named_as(s: RulerRunSettings) -> Iterator[None]:
+    """A `SettingError` raised on behalf of `s` without an owner (a `RulerInputError`, the run directory's
+    binding, a backend's refusal that names a setting of the run) names the settings of `s`: `--think-tokens`
+    on the command line, `ruler.think_tokens` in a recipe."""
+    try:
+        yield
+    except SettingError as e:
+        e.owner = e.owner or type(s)
+        raise
+
+
+@dataclass
+class _OpenRun:
+    """A run directory ready for predictions (`_open_run`): its task files and run.json in place, the backend
+    made and checked, the run directory locked by `stage` until it is released."""
+
+    out: Path
+    lengths: list[int]
+    specs: list
+    bk: Any
+    binding: dict[str, Any]
+    run: dict[str, Any]
+    files: dict[str, dict]
+    template: Any
+    max_model_len: int
+    t_prep: float
+    stage: StagedRun
 
 
 def run_ruler(s: RulerRunSettings, *, engine=None, progress: bool = True, log: Callable[[str], None] | None = None,
@@ -199,116 +231,148 @@ def run_ruler(s: RulerRunSettings, *, engine=None, progress: bool = True, log: C
 
     `engine`: an existing `vllm.LLM` to reuse (tests, benchmarks). `on_prediction(record)` is called
     after each prediction is written. Bad input raises `InputError`/`RulerInputError` before anything is
-    written to `s.output` (a new one is not made) or passed to `log`.
+    written to `s.output` (a new one is not made) or passed to `log`; a `SettingError` names the settings of `s`.
     """
-    from longctx.checkpoint.describe import model_info, sliding_note
-    from longctx.checkpoint.directory import checkpoint_dir, fingerprint, read_config, versions
+    t_start = time.perf_counter()
+    say = log or (lambda _msg: None)
+    with _named_as(s):
+        r = _open_run(s, engine, progress, say)
+        try:  # the run directory is this process's until the scores are written (`stage.lock`)
+            return _predict_and_score(s, r, progress, on_prediction, say, t_start)
+        finally:
+            r.stage.release()
+
+
+def _open_run(s: RulerRunSettings, engine, progress: bool, say: Callable[[str], None]) -> _OpenRun:
+    """The checks of `s` against the checkpoint, the backend made and checked, the task files and run.json
+    staged and moved into the run directory. Every refusal comes before anything is written to the run
+    directory or printed: the new task files and run.json are made in a staging folder and moved in once the
+    checks that need them have passed."""
+    from longctx.checkpoint.directory import checkpoint_dir, fingerprint, read_config
     from longctx.checkpoint.rope import read_rope
     from longctx.checkpoint.rope_settings import check_context
     from longctx.checkpoint.tokenizer import special_tokens_added
-    from longctx.core.files import json_object
-    from longctx.core.hashing import tokenizer_fingerprint
     from longctx.eval.tasks import load_task_tokenizer
-    from ruler_tasks.constants import UPSTREAM_COMMIT
-    from ruler_tasks.prepare import prepare
     from ruler_tasks.registry import resolve_tasks
     from ruler_tasks.templates import model_template
 
-    t_start = time.perf_counter()
-    say = log or (lambda _msg: None)
     s.check_inputs()  # what the machine has (a device, the installed engine's arguments), as a recipe checks it
     ckpt = checkpoint_dir(s.checkpoint)
     rope = read_rope(read_config(ckpt))
     specs = resolve_tasks(s.tasks)
-    lengths = s.lengths
-    check_context(ckpt, rope, lengths[-1])
-    out = Path(s.output)
-    check_apart(out, [("checkpoint", ckpt)])
-
-    # Every refusal comes before anything is written to the run directory or printed: the new task files and
-    # run.json are made in a staging folder and moved in once the checks that need them have passed.
+    check_context(ckpt, rope, s.lengths[-1])
+    check_apart(Path(s.output), [("checkpoint", ckpt)])
     bk = None
     try:
         tok = load_task_tokenizer(ckpt, s.trust_remote_code)
         _check_thinking(model_template(s.template, tok, s.system_prompt, s.chat_template_kwargs).thinking, s)
-        thinking = None if s.think_tokens is None else s.think_tokens > 0
         fp = fingerprint(ckpt)
         n_special = special_tokens_added(tok)
-        extra = n_special + (s.think_tokens or 0)  # --think-tokens 0: a model that does not think
+        extra = n_special + (s.think_tokens or 0)  # a think_tokens of 0: a model that does not think
         ctx = rope.context_length
-        max_model_len = lengths[-1] + extra if ctx is None else min(ctx, lengths[-1] + extra)
+        max_model_len = s.lengths[-1] + extra if ctx is None else min(ctx, s.lengths[-1] + extra)
         context = BackendContext(s.checkpoint, str(ckpt), max_model_len, tokenizer=tok, seed=s.seed,
                                  run_dir=s.output, trust_remote_code=s.trust_remote_code, engine=engine, log=say)
         bk = make_backend(s.backend, s.backend_options(), context)
-        binding = {"fingerprint": fp, "tokenizer": tokenizer_fingerprint(tok), "seed": s.seed,
-                   "samples": s.samples, "template": s.template, "system_prompt": s.system_prompt,
-                   "chat_template_kwargs": s.chat_template_kwargs, "think_tokens": s.think_tokens,
-                   "backend": s.backend, "sampling": SAMPLING, "engine": bk.binding()}
-        run = check_run_dir(out, binding)
-        t0 = time.perf_counter()
-        with staged_run(out) as stage:
-            manifest = prepare(tok, lengths, [t.name for t in specs], s.samples, s.seed, s.template, s.data_dir,
-                               s.essay, s.squad, s.hotpotqa, stage.tasks, progress=progress,
-                               system_prompt=s.system_prompt, chat_template_kwargs=s.chat_template_kwargs,
-                               thinking=thinking).manifest
-            t_prep = time.perf_counter() - t0
-            files = {f"{L}/{t.name}.jsonl": manifest["files"][f"{L}/{t.name}.jsonl"] for L in lengths for t in specs}
-            record_task_files(out, run, files)
-            why = f"the {n_special} special token(s) the engine adds" + (
-                f" and {s.think_tokens} thinking tokens" if s.think_tokens else "")
-            _check_engine_room(stage.tasks, lengths, specs, extra, max_model_len, why)
-            run["model"] = model_info(ckpt, fp, s.trust_remote_code)
-            run["backend"] = bk.settings()
-            stage.commit(run)
+        why = f"the {n_special} special token(s) the engine adds" + (
+            f" and {s.think_tokens} thinking tokens" if s.think_tokens else "")
+        return _stage_run(s, ckpt, fp, tok, specs, bk, (extra, why, max_model_len), progress)
     except BaseException:
         if bk is not None:
             bk.close()
         raise
 
-    try:  # the run directory is this process's until the scores are written (`stage.lock`)
-        say(f"lengths: {', '.join(map(str, lengths))}")
-        note = sliding_note(run["model"]["name"], run["model"].get("sliding_window"), lengths)
-        if note:
-            say(f"note: {note}")
-        task_lines = _task_lines(out, lengths, specs, files, run)
-        done = _predicted(out, task_lines, say)
-        reused = sum(len(v) for v in done.values())
-        total = sum(entry["samples"] for entry in files.values())
-        if bk.credential is not None:
-            say(f"credential: {bk.credential}")
-        say(f"max_model_len {max_model_len}; {total} samples, {reused} already predicted, {total - reused} to go "
-            f"({s.backend})")
-        t0 = time.perf_counter()
-        count, per_length = _predict(bk, out, lengths, specs, done, total - reused, progress, on_prediction,
-                                     s.think_tokens or None)
-        t_gen = time.perf_counter() - t0
-        # what ran: this call's engine, or (everything reused) the one that made the predictions before
-        before = json_object(out / "scores.json").get("backend")
-        ran = bk.ran or (before.get("ran") if isinstance(before, dict) else None)
 
-        t0 = time.perf_counter()
-        rows = _score(out, specs, task_lines)
-        t_score = time.perf_counter() - t0
-        unfinished = sum(row.get("unfinished_thinking", 0) for row in rows)
-        if unfinished:
-            say(f"note: {unfinished} of {total} outputs did not close their thought ({THINK_END}) within "
-                f"--think-tokens {s.think_tokens} and score as wrong; a larger --think-tokens gives them room")
-        task_set = hash_json({**{k: binding[k] for k in ("tokenizer", "seed", "samples", "template")},
-                              "files": {rel: run["files"][rel] for rel in files}})
-        sampling = SAMPLING if not s.think_tokens else {
-            **SAMPLING, "think_tokens": s.think_tokens, "max_tokens": "tokens_to_generate of each task + think_tokens",
-            "answer": f"the text after the last {THINK_END} (an unfinished thought answers nothing)"}
-        timings = {"prepare_s": round(t_prep, 3), "generate_s": round(t_gen, 3), "score_s": round(t_score, 3),
-                   "total_s": round(time.perf_counter() - t_start, 3), "new_predictions": count,
-                   "reused_predictions": reused, "per_length": {str(L): v for L, v in per_length.items()}}
-        doc = {"format": SCORES_FORMAT, "model": run["model"], "backend": {**run["backend"], "ran": ran},
-               "sampling": sampling, "template": manifest.get("template"),
-               "upstream": f"NVIDIA/RULER@{UPSTREAM_COMMIT}", "task_set": task_set, "lengths": lengths,
-               "tasks": [t.name for t in specs], "scores": rows,
-               "seeds": {"tasks": s.seed, "engine": 0}, "versions": versions(),
-               "task_versions": {t.name: t.version for t in specs}, "timings": timings}
-        write_json(out / "scores.json", doc)
-        return RunOutcome(out, lengths, [t.name for t in specs], max_model_len, count, reused, timings,
-                          out / "scores.json")
-    finally:
-        stage.release()
+def _stage_run(s: RulerRunSettings, ckpt: Path, fp: str, tok, specs, bk, room: tuple[int, str, int],
+               progress: bool) -> _OpenRun:
+    """The run directory bound to this run (refused when it is bound to another), its task files made in a
+    staging folder and checked against the engine's room (`room`: the tokens a sample needs beyond its length,
+    what they are, the engine's max_model_len), then moved in with run.json."""
+    from longctx.checkpoint.describe import model_info
+    from ruler_tasks.prepare import prepare
+
+    out, lengths = Path(s.output), s.lengths
+    extra, why, max_model_len = room
+    binding = {"fingerprint": fp, "tokenizer": tokenizer_fingerprint(tok), "seed": s.seed,
+               "samples": s.samples, "template": s.template, "system_prompt": s.system_prompt,
+               "chat_template_kwargs": s.chat_template_kwargs, "think_tokens": s.think_tokens,
+               "backend": s.backend, "sampling": SAMPLING, "engine": bk.binding()}
+    run = check_run_dir(out, binding)
+    t0 = time.perf_counter()
+    with staged_run(out) as stage:
+        manifest = prepare(tok, lengths, tasks=[t.name for t in specs], samples=s.samples, seed=s.seed,
+                           template=s.template, data_dir=s.data_dir, essay=s.essay, squad=s.squad,
+                           hotpotqa=s.hotpotqa, out_dir=stage.tasks, progress=progress,
+                           system_prompt=s.system_prompt, chat_template_kwargs=s.chat_template_kwargs,
+                           thinking=None if s.think_tokens is None else s.think_tokens > 0).manifest
+        t_prep = time.perf_counter() - t0
+        files = {f"{L}/{t.name}.jsonl": manifest["files"][f"{L}/{t.name}.jsonl"] for L in lengths for t in specs}
+        record_task_files(out, run, files)
+        _check_engine_room(stage.tasks, lengths, specs, extra, max_model_len, why)
+        run["model"] = model_info(ckpt, fp, s.trust_remote_code)
+        run["backend"] = bk.settings()
+        stage.commit(run)
+    return _OpenRun(out, lengths, specs, bk, binding, run, files, manifest.get("template"), max_model_len, t_prep,
+                    stage)
+
+
+def _predict_and_score(s: RulerRunSettings, r: _OpenRun, progress: bool,
+                       on_prediction: Callable[[dict], None] | None, say: Callable[[str], None],
+                       t_start: float) -> RunOutcome:
+    """Every missing prediction made, then every (task, length) scored into scores.json."""
+    from longctx.checkpoint.describe import sliding_note
+
+    out, lengths, specs, bk = r.out, r.lengths, r.specs, r.bk
+    say(f"lengths: {', '.join(map(str, lengths))}")
+    note = sliding_note(r.run["model"]["name"], r.run["model"].get("sliding_window"), lengths)
+    if note:
+        say(f"note: {note}")
+    task_lines = _task_lines(out, lengths, specs, r.files, r.run)
+    done = _predicted(out, task_lines, say)
+    reused = sum(len(v) for v in done.values())
+    total = sum(entry["samples"] for entry in r.files.values())
+    if bk.credential is not None:
+        say(f"credential: {bk.credential}")
+    say(f"max_model_len {r.max_model_len}; {total} samples, {reused} already predicted, {total - reused} to go "
+        f"({s.backend})")
+    t0 = time.perf_counter()
+    count, per_length = _predict(bk, out, lengths, specs, done, total - reused, progress, on_prediction,
+                                 s.think_tokens or None)
+    t_gen = time.perf_counter() - t0
+    # what ran: this call's engine, or (everything reused) the one that made the predictions before
+    before = json_object(out / "scores.json").get("backend")
+    ran = bk.ran or (before.get("ran") if isinstance(before, dict) else None)
+
+    t0 = time.perf_counter()
+    rows = _score(out, specs, task_lines)
+    t_score = time.perf_counter() - t0
+    unfinished = sum(row.get("unfinished_thinking", 0) for row in rows)
+    if unfinished:
+        flag = type(s).flag("think_tokens")
+        say(f"note: {unfinished} of {total} outputs did not close their thought ({THINK_END}) within "
+            f"{flag} {s.think_tokens} and score as wrong; a larger {flag} gives them room")
+    timings = {"prepare_s": round(r.t_prep, 3), "generate_s": round(t_gen, 3), "score_s": round(t_score, 3),
+               "total_s": round(time.perf_counter() - t_start, 3), "new_predictions": count,
+               "reused_predictions": reused, "per_length": {str(L): v for L, v in per_length.items()}}
+    write_json(out / "scores.json", _scores(s, r, rows, ran, timings))
+    return RunOutcome(out, lengths, [t.name for t in specs], r.max_model_len, count, reused, timings,
+                      out / "scores.json")
+
+
+def _scores(s: RulerRunSettings, r: _OpenRun, rows: list[dict[str, Any]], ran: Any,
+            timings: dict[str, Any]) -> dict[str, Any]:
+    """The content of scores.json."""
+    from longctx.checkpoint.directory import versions
+    from ruler_tasks.constants import UPSTREAM_COMMIT
+
+    task_set = hash_json({**{k: r.binding[k] for k in ("tokenizer", "seed", "samples", "template")},
+                          "files": {rel: r.run["files"][rel] for rel in r.files}})
+    sampling = SAMPLING if not s.think_tokens else {
+        **SAMPLING, "think_tokens": s.think_tokens, "max_tokens": "tokens_to_generate of each task + think_tokens",
+        "answer": f"the text after the last {THINK_END} (an unfinished thought answers nothing)"}
+    return {"format": SCORES_FORMAT, "model": r.run["model"], "backend": {**r.run["backend"], "ran": ran},
+            "sampling": sampling, "template": r.template,
+            "upstream": f"NVIDIA/RULER@{UPSTREAM_COMMIT}", "task_set": task_set, "lengths": r.lengths,
+            "tasks": [t.name for t in r.specs], "scores": rows,
+            "seeds": {"tasks": s.seed, "engine": 0}, "versions": versions(),
+            "task_versions": {t.name: t.version for t in r.specs}, "timings": timings}

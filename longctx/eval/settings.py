@@ -51,7 +51,7 @@ class RulerTaskSettings(Settings):
         try:
             specs = resolve_tasks(self.tasks)
         except RulerInputError as e:
-            raise self.error(f"{ref('tasks')} is invalid: {e}") from None
+            raise self.error(f"{ref('tasks')} is invalid: {e.text}") from None  # its refs name these settings
         if self.template != "chat":
             for name in ("system_prompt", "chat_template_kwargs"):
                 if getattr(self, name) is not None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from longctx.checkpoint.hub import resolve_checkpoint
 from longctx.checkpoint.tokenizer import load_tokenizer
-from longctx.core.errors import InputError
+from longctx.core.errors import InputError, SettingError
 from longctx.eval.settings import PrepareSettings
 from ruler_tasks.prepare import PrepareResult, check_fast, prepare
 
@@ -30,5 +30,10 @@ def load_task_tokenizer(path: str | os.PathLike, trust_remote_code: bool) -> Any
 def prepare_tasks(s: PrepareSettings) -> PrepareResult:
     """Write the task files `s` asks for into `s.output` (`ruler_tasks.prepare.prepare`)."""
     tokenizer = load_task_tokenizer(resolve_checkpoint(s.tokenizer, tokenizer_only=True), s.trust_remote_code)
-    return prepare(tokenizer, s.lengths, s.tasks, s.samples, s.seed, s.template, s.data_dir, s.essay, s.squad,
-                   s.hotpotqa, s.output, system_prompt=s.system_prompt, chat_template_kwargs=s.chat_template_kwargs)
+    try:
+        return prepare(tokenizer, s.lengths, tasks=s.tasks, samples=s.samples, seed=s.seed, template=s.template,
+                       data_dir=s.data_dir, essay=s.essay, squad=s.squad, hotpotqa=s.hotpotqa, out_dir=s.output,
+                       system_prompt=s.system_prompt, chat_template_kwargs=s.chat_template_kwargs)
+    except SettingError as e:  # its names are these settings' (a RulerInputError names the parameters)
+        e.owner = e.owner or type(s)
+        raise

@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from longctx.core.errors import InputError
+from longctx.core.errors import InputError, SettingError, ref
 from longctx.core.kinds import Bool, Float, Int, Text, Url
 from longctx.core.parse import LimitError, loads
 from longctx.core.settings import setting
@@ -131,10 +131,13 @@ class OpenAIOptions(BackendOptions):
                                                   "errors; Retry-After honoured).")
 
     def check(self) -> None:
-        from longctx.core.errors import ref
-
         if not self.base_url:
             raise self.error(f"{ref('backend')} openai needs {ref('base_url')} (e.g. http://127.0.0.1:8000/v1)")
+
+
+def _refusal(text: str) -> SettingError:
+    """A refusal whose `ref()`s name this backend's options (`--base-url`, `backend_options.base_url`)."""
+    return SettingError(text, OpenAIOptions)
 
 
 class OpenAIBackend(Backend):
@@ -159,7 +162,7 @@ class OpenAIBackend(Backend):
         from longctx.eval.endpoint import Endpoint
 
         if not base_url:
-            raise InputError("the openai backend needs --base-url (e.g. http://127.0.0.1:8000/v1)")
+            raise _refusal(f"the openai backend needs {ref('base_url')} (e.g. http://127.0.0.1:8000/v1)")
         self.endpoint = Endpoint(base_url, api_key_env)
         if not timeout > 0:
             raise InputError(f"the request timeout must be > 0 seconds, got {timeout}")
@@ -255,8 +258,8 @@ class OpenAIBackend(Backend):
                                                                   headers=self._headers(), timeout=limit) as resp:
                 data = read_body(resp, max_bytes)
                 if data is None:
-                    raise InputError(f"endpoint {self.base_url} answered {what} with a body over {_mib(max_bytes)}, "
-                                     f"the limit for {what}; is --base-url an OpenAI-compatible server?")
+                    raise _refusal(f"endpoint {self.base_url} answered {what} with a body over {_mib(max_bytes)}, "
+                                   f"the limit for {what}; is {ref('base_url')} an OpenAI-compatible server?")
                 return _Reply(resp.status_code, resp.headers, data)
         except httpx.TransportError as e:
             raise _NoAnswer(self._failure(e, timeout)) from e
@@ -301,10 +304,10 @@ class OpenAIBackend(Backend):
 
     def _refused(self, reply: _Reply, what: str) -> InputError:
         if reply.status in (401, 403):
-            fix = ("check the user name and password in --base-url" if self.credential.startswith("basic") else
+            fix = (f"check the user name and password in {ref('base_url')}" if self.credential.startswith("basic") else
                    f"set {self.api_key_env}")
-            return InputError(f"endpoint {self.base_url} refused {what} (HTTP {reply.status}: {self._said(reply)}); "
-                              f"{fix}")
+            return _refusal(f"endpoint {self.base_url} refused {what} (HTTP {reply.status}: {self._said(reply)}); "
+                            f"{fix}")
         return InputError(f"endpoint {self.base_url} rejected {what} (HTTP {reply.status}: {self._said(reply)})")
 
     def _parse(self, reply: _Reply, what: str, max_bytes: int) -> Any:
@@ -313,8 +316,8 @@ class OpenAIBackend(Backend):
         try:
             return loads(reply.body, max_bytes=max_bytes)
         except LimitError as e:
-            raise InputError(f"endpoint {self.base_url} answered {what} with {e}, over the limit; is --base-url an "
-                             "OpenAI-compatible server?") from None
+            raise _refusal(f"endpoint {self.base_url} answered {what} with {e}, over the limit; is {ref('base_url')} "
+                           "an OpenAI-compatible server?") from None
         except ValueError:
             return None
 
@@ -337,13 +340,14 @@ class OpenAIBackend(Backend):
             reply = self._send("GET", "/models", self.connect_attempts, what, MAX_MODELS_BYTES,
                                timeout=min(CONNECT_TIMEOUT_S, self.timeout), patience=PROBE_MAX_WAIT_S)
         except _GaveUp as e:
-            raise InputError(f"endpoint {self.base_url} is unreachable after {self.connect_attempts} attempts ({e}); "
-                             "start the server or fix --base-url") from None
+            raise _refusal(f"endpoint {self.base_url} is unreachable after {self.connect_attempts} attempts ({e}); "
+                           f"start the server or fix {ref('base_url')}") from None
         if reply.status in (401, 403):
             raise self._refused(reply, what)
         if reply.status != 200:
-            raise InputError(f"endpoint {self.base_url} answered GET /models with HTTP {reply.status} "
-                             f"({self._said(reply)}); --base-url must be the API root, e.g. http://127.0.0.1:8000/v1")
+            raise _refusal(f"endpoint {self.base_url} answered GET /models with HTTP {reply.status} "
+                           f"({self._said(reply)}); {ref('base_url')} must be the API root, e.g. "
+                           "http://127.0.0.1:8000/v1")
         doc = self._parse(reply, what, MAX_MODELS_BYTES)
         try:
             cards = doc["data"]
@@ -361,24 +365,26 @@ class OpenAIBackend(Backend):
         else:
             card = next((c for c in cards if c.get("id") == self.model), None)
             if card is None:
-                hint = (f"; pass --served-model {ids[0]}" if len(ids) == 1 else
-                        "; pass --served-model with one of them" if ids else "")
-                raise InputError(f"endpoint {self.base_url} does not serve '{self.model}': it serves {listed}{hint}")
+                hint = (f"; pass {ref('model')} {ids[0]}" if len(ids) == 1 else
+                        f"; pass {ref('model')} with one of them" if ids else "")
+                raise _refusal(f"endpoint {self.base_url} does not serve '{self.model}': it serves {listed}{hint}")
         served, root = card.get("id"), card.get("root")
         if not self.trust_served_model and not self._names_checkpoint(card):
             expected = repr(self.checkpoint) + (f" (at {self.checkpoint_dir})"
                                                 if self.checkpoint_dir != self.checkpoint else "")
-            raise InputError(f"endpoint {self.base_url} serves '{served}' (root {root!r}), not the checkpoint "
-                             f"{expected}; start the server with this checkpoint, or pass --trust-served-model if "
-                             "it is the same model under another name")
+            raise _refusal(f"endpoint {self.base_url} serves '{served}' (root {root!r}), not the checkpoint "
+                           f"{expected}; start the server with this checkpoint, or pass {ref('trust_served_model')} "
+                           "if it is the same model under another name")
         have = card.get("max_model_len")
         # Servers other than vLLM do not report their context limit: then it cannot be checked here.
         have = have if isinstance(have, int) and not isinstance(have, bool) else None
         if have is not None and have < self.max_model_len:
-            raise InputError(f"endpoint {self.base_url} serves '{served}' with max_model_len {have}, but this run "
-                             f"needs {self.max_model_len} tokens (its longest length with the generation budget and "
-                             f"special tokens); restart the server with --max-model-len {self.max_model_len} or "
-                             "more, or use shorter --lengths")
+            from longctx.eval.settings import RulerRunSettings  # owns `lengths`; it imports this module
+
+            raise SettingError(f"endpoint {self.base_url} serves '{served}' with max_model_len {have}, but this run "
+                               f"needs {self.max_model_len} tokens (its longest length with the generation budget "
+                               f"and special tokens); restart the server with --max-model-len {self.max_model_len} "
+                               f"or more, or use shorter {ref('lengths')}", RulerRunSettings)
         self.model = served
         self.server = {"id": served, "root": root, "max_model_len": have}
         self.ran = {"server": dict(self.server)}

@@ -14,7 +14,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from longctx.core.errors import InputError
+from longctx.core.errors import InputError, SettingError, ref
 from longctx.core.kinds import Bool, Count, Float, Int, Overrides
 from longctx.core.settings import setting
 from longctx.eval.backends import Backend, BackendContext, BackendOptions, device_info, dtype_setting
@@ -52,16 +52,14 @@ class VllmOptions(BackendOptions):
                                 flag="--engine-arg")
 
     def typed_engine_args(self) -> dict[str, Any]:
-        """`engine_args` with every value of the type vLLM gives it (`longctx.eval.engine_args`; imports vLLM)."""
-        from longctx.core.errors import ref
+        """`engine_args` with every value of the type vLLM gives it (`longctx.eval.engine_args`; imports vLLM).
+        A refusal is a `SettingError` that names settings of `ruler run` beyond these options (`lengths`,
+        `trust_remote_code`): its owner is left to the settings it is checked for."""
         from longctx.eval.engine_args import typed_engine_args
 
         if not self.engine_args:
             return {}
-        try:
-            return typed_engine_args(self.engine_args, ref("engine_args"))
-        except InputError as e:
-            raise self.error(str(e)) from None
+        return typed_engine_args(self.engine_args)
 
     def check_inputs(self, offline_data: bool = True) -> None:
         # the engine arguments are vLLM's, checked by the installed vLLM: when a recipe loads, before a run
@@ -176,8 +174,12 @@ class VllmBackend(Backend):
                 try:
                     from vllm import LLM
                 except ImportError:
-                    raise InputError("the vllm backend needs vLLM: pip install 'longctx[gpu]' (CUDA) or "
-                                     "'longctx[cpu]'; or use --backend hf") from None
+                    # `backend` is a setting of the run: named as the run's settings name it (a module that
+                    # imports this one, hence here)
+                    from longctx.eval.settings import RulerRunSettings
+
+                    raise SettingError("the vllm backend needs vLLM: pip install 'longctx[gpu]' (CUDA) or "
+                                       f"'longctx[cpu]'; or use {ref('backend')} hf", RulerRunSettings) from None
                 if not {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(self.kwargs):
                     from vllm.platforms import current_platform
 
@@ -227,8 +229,9 @@ class VllmBackend(Backend):
         # what the engine really uses ("auto" resolved from the checkpoint), while it is up
         self.ran = {"dtype": str(llm.llm_engine.model_config.dtype).removeprefix("torch."), "device": device_info()}
         if self._dtype not in (None, "auto", self.ran["dtype"]):
-            raise InputError(f"vLLM runs {self.checkpoint} in {self.ran['dtype']}, not the {self._dtype} it resolved "
-                             "beforehand and this run directory is bound to; pass --dtype explicitly")
+            raise SettingError(f"vLLM runs {self.checkpoint} in {self.ran['dtype']}, not the {self._dtype} it "
+                               f"resolved beforehand and this run directory is bound to; pass {ref('dtype')} "
+                               "explicitly", VllmOptions)
 
         engine = llm.llm_engine
         window = 2 * max(int(getattr(engine.vllm_config.scheduler_config, "max_num_seqs", 256) or 256), self.chunk)
