@@ -17,11 +17,6 @@ from longctx.core.errors import SettingError
 class RulerInputError(SettingError):
     """Bad user input for RULER task generation: one line for the user."""
 
-    def __str__(self) -> str:
-        if self.owner is None:  # the command-line names of `longctx ruler prepare`, which takes no `flag=` of its own
-            return self.render(lambda name: "--" + name.replace("_", "-"), cli=True)
-        return super().__str__()
-
 
 class RulerDataWarning(UserWarning):
     """A data file whose checksum differs from the one RULER's published file has."""

@@ -357,6 +357,16 @@ class _LanePlugin:
             return (yield)
 
 
+def _build_font_cache() -> None:
+    """matplotlib builds its font cache on first import by running `fc-list`: do that once, before the guard, so a
+    fresh machine's first plotting test is not failed for a process it did not ask for."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is not None:
+        import matplotlib.font_manager  # noqa: F401 (imported for its side effect)
+
+
 def pytest_configure(config):
+    _build_font_cache()
     _install_guard()
     config.pluginmanager.register(_LanePlugin(), "longctx-lanes")

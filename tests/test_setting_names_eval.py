@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from longctx.cli.main import cli
 from longctx.core.errors import SettingError
-from longctx.eval.backends.openai import OpenAIBackend
+from longctx.eval.backends.openai import OpenAIBackend, OpenAIOptions
 from longctx.eval.binding import RUN_FILE, RUN_FORMAT, check_run_dir
 from longctx.eval.endpoint import Endpoint
 from longctx.eval.settings import RulerRunSettings
@@ -64,7 +64,7 @@ def write_recipe(path, ckpt, ruler: dict):
 def test_a_base_url_refusal_names_the_option_either_way(monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-key")
     with pytest.raises(SettingError) as e:
-        Endpoint(BOTH)
+        Endpoint(BOTH, owner=OpenAIOptions)
     assert str(e.value).endswith("drop the user info from --base-url or unset OPENAI_API_KEY")
     assert str(e.value).startswith("--base-url 'http://")
     assert in_recipe(e.value).startswith("ruler.backend_options.base_url 'http://")

@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from longctx.core.errors import InputError
+from longctx.core.errors import InputError, SettingError, ref
 from longctx.core.files import json_object
 
 
@@ -48,8 +48,8 @@ def check_remote_code(path: str | os.PathLike, what: str, classes: str | None, t
     """InputError unless `trust` when building `what` (config, tokenizer) of checkpoint `path` runs the code
     `classes` names (transformers would raise a multi-line ValueError, or prompt on a terminal)."""
     if classes is not None and not trust:
-        raise InputError(f"'{path}' needs its own Python code to build its {what} ({classes}); longctx runs it only "
-                         "with --trust-remote-code (trust_remote_code: true in a recipe): read that code first")
+        raise SettingError(f"'{path}' needs its own Python code to build its {what} ({classes}); longctx runs it "
+                           f"only with {ref('trust_remote_code')}: read that code first")
 
 
 def known_model_type(model_type: Any) -> bool:
@@ -171,27 +171,29 @@ def load_model(path: str | os.PathLike, *, dtype: Any = "auto", device: str | No
     return model.to(device) if device is not None else model
 
 
-def check_device(device: str | None, flag: str = "--device") -> None:
-    """InputError unless torch can place a model on `device` here (None: the caller's default, always fine).
-    `flag` names the setting in the message."""
+def check_device(device: str | None) -> None:
+    """SettingError (about the setting `device`) unless torch can place a model on `device` here (None: the
+    caller's default, always fine)."""
     if device is None:
         return
     import torch
 
+    flag = ref("device")
     try:
         d = torch.device(device)
     except (RuntimeError, ValueError, TypeError):
-        raise InputError(f"{flag} {device}: not a torch device; use cpu, cuda or cuda:N") from None
+        raise SettingError(f"{flag} {device}: not a torch device; use cpu, cuda or cuda:N") from None
     if d.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
-            raise InputError(f"{flag} {device}: torch sees no CUDA device here; use {flag} cpu")
+            raise SettingError(f"{flag} {device}: torch sees no CUDA device here; use {flag} cpu")
         if d.index is not None and d.index >= count:
-            raise InputError(f"{flag} {device}: torch sees {count} CUDA device(s) here (cuda:0 to cuda:{count - 1})")
+            raise SettingError(f"{flag} {device}: torch sees {count} CUDA device(s) here "
+                               f"(cuda:0 to cuda:{count - 1})")
     elif d.type != "cpu":
         # mps, xpu, ...: torch.<type>.is_available() or torch.backends.<type>.is_available(), where torch has one
         module = getattr(torch, d.type, None)
         available = getattr(module, "is_available", None) or getattr(getattr(torch.backends, d.type, None),
                                                                       "is_available", None)
         if available is not None and not available():
-            raise InputError(f"{flag} {device}: torch sees no {d.type} device here; use {flag} cpu")
+            raise SettingError(f"{flag} {device}: torch sees no {d.type} device here; use {flag} cpu")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from longctx.checkpoint.hub import hub_origin
-from longctx.core.errors import InputError
+from longctx.core.errors import InputError, option_name
 
 # Types whose `original_max_position_embeddings` is the pre-extension training length and which transformers
 # fills from max_position_embeddings when absent (`standardize_rope_params`).
@@ -96,11 +96,11 @@ def yarn_command(checkpoint: str | os.PathLike, rope: RopeSettings, longest: int
     base, flag = rope.trained_length, ""
     if base is None and rope.rope_type == "linear" and rope.max_position_embeddings:
         base = rope.max_position_embeddings
-        flag = f" --original-max-position-embeddings {base}"
+        flag = f" {option_name('original_max_position_embeddings')} {base}"
     base = base or rope.context_length or longest
     factor = max(2, 2 ** math.ceil(math.log2(longest / base)))
-    rescale = " --rescale" if rope.rope_type != "default" else ""
-    return f"longctx yarn {shlex.quote(hub_name(checkpoint))} --factor {factor}{rescale}{flag}"
+    rescale = f" {option_name('rescale')}" if rope.rope_type != "default" else ""
+    return f"longctx yarn {shlex.quote(hub_name(checkpoint))} {option_name('factor')} {factor}{rescale}{flag}"
 
 
 def check_context(checkpoint: Path, rope: RopeSettings, longest: int) -> None:

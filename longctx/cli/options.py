@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from longctx.core.errors import render_refs
+from longctx.core.errors import SettingError, render_refs
 from longctx.core.failures import one_line_failures
 from longctx.core.kinds import Bool
 from longctx.core.settings import REQUIRED, Settings
@@ -60,7 +60,11 @@ def settings_command(group: click.Group, name: str, cls: type[Settings], run: Ca
     def callback(**raw: Any) -> None:
         settings = settings_from_params(cls, raw)
         with one_line_failures(settings.output_path()):
-            run(settings)
+            try:
+                run(settings)
+            except SettingError as e:  # raised below the verb (a shared check): its names are this verb's
+                e.owner = e.owner or cls
+                raise
 
     cmd = click.Command(name, params=params(cls), callback=callback, help=run.__doc__)
     group.add_command(cmd)

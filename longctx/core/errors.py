@@ -29,6 +29,12 @@ def render_refs(text: str, name: Callable[[str], str]) -> str:
     return _REF.sub(named, text)
 
 
+def option_name(name: str) -> str:
+    """The command-line option of the setting `name` that declares no `flag=` of its own: '--seq-len'. Code below
+    the verbs (which cannot import their settings types) names a verb's option with it."""
+    return "--" + name.replace("_", "-")
+
+
 class InputError(ValueError):
     """Bad user input (a path, a config, an argument): one line for the user, exit code 2."""
 
@@ -51,5 +57,7 @@ class SettingError(InputError):
         return render_refs(text, name)
 
     def __str__(self) -> str:
+        """The command-line form: named by the owner's flags, or (raised below the verbs, no owner set yet) by
+        the rule that names a setting without a flag of its own."""
         flag = getattr(self.owner, "flag", None)
-        return self.render(flag if flag is not None else (lambda n: n), cli=True)
+        return self.render(flag if flag is not None else option_name, cli=True)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from longctx.core.errors import InputError
+from longctx.core.errors import InputError, SettingError, ref
 from longctx.core.locks import OutputLock, check_link, hold_until_verb_ends
 from longctx.core.parse import LimitError, loads
 from longctx.core.processes import is_main_process
@@ -333,7 +333,7 @@ def _check_owner(out: Path, kinds: tuple[str, ...], overwrite: bool | None, lega
     if found not in kinds:
         raise InputError(f"{what} '{out}' is a longctx {found}, not a {' or a '.join(kinds)}; choose another -o")
     if overwrite is False:
-        raise InputError(f"{what} '{out}' already exists; pass --overwrite to replace it or choose another -o")
+        raise SettingError(f"{what} '{out}' already exists; pass {ref('overwrite')} to replace it or choose another -o")
 
 
 def remove_output(folder: Path, kind: str) -> None:

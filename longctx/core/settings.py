@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from longctx.core.errors import SettingError, ref
+from longctx.core.errors import SettingError, option_name, ref
 from longctx.core.kinds import Bool, Kind, KindError
 
 
@@ -118,7 +118,7 @@ class Settings:
         """The option names of a setting: ('--seq-len', None), or a switch pair ('--plot', '--no-plot') for a
         true/false setting whose default is not False (one that is False by default is a bare flag)."""
         spec = cls.spec(name)
-        on, _, off = (spec.flag or "--" + name.replace("_", "-")).partition("/")
+        on, _, off = (spec.flag or option_name(name)).partition("/")
         if not off and isinstance(spec.kind, Bool) and cls.default(name) is not False:
             off = f"--no-{on[2:]}"
         return on, off or None

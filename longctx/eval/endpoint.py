@@ -30,16 +30,10 @@ import httpx
 
 from longctx.core.errors import SettingError, ref
 from longctx.core.secrets import REDACTED, redact_url
-from longctx.eval.backends.openai import OpenAIOptions
 
 # A secret shorter than this is not masked in free text (a server's error message): a one- or two-character
 # value would mask every occurrence of those characters.
 _MIN_SECRET = 3
-
-
-def _refusal(text: str) -> SettingError:
-    """A refusal of the base URL, which `ref('base_url')` names as the openai backend's option."""
-    return SettingError(text, OpenAIOptions)
 
 
 class Endpoint:
@@ -48,10 +42,11 @@ class Endpoint:
     `shown`: the redacted URL (messages, settings); `server`: the redacted URL without user info (what a run
     directory is bound to: a changed password or key is the same server); `credential`: which credential the
     requests carry, in words; `url(path)`: the URL a request goes to (no user info: the credential goes in a
-    header). InputError for a URL that is not http(s), and for user info while `api_key_env` is set.
+    header). SettingError for a URL that is not http(s), and for user info while `api_key_env` is set, naming
+    the setting as `owner` (the backend's options) does.
     """
 
-    def __init__(self, base_url: str, api_key_env: str = "OPENAI_API_KEY"):
+    def __init__(self, base_url: str, api_key_env: str = "OPENAI_API_KEY", owner: type | None = None):
         self.api_key_env = api_key_env
         try:
             parts = urllib.parse.urlsplit(base_url)
@@ -59,8 +54,8 @@ class Endpoint:
         except ValueError:
             parts = None
         if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-            raise _refusal(f"{ref('base_url')} '{redact_url(base_url)}' is not an http(s) URL; "
-                           "e.g. http://127.0.0.1:8000/v1")
+            raise SettingError(f"{ref('base_url')} '{redact_url(base_url)}' is not an http(s) URL; "
+                               "e.g. http://127.0.0.1:8000/v1", owner)
         user, at, host = parts.netloc.rpartition("@")
         name, _, password = user.partition(":")
         self._basic = (urllib.parse.unquote(name), urllib.parse.unquote(password)) if at else None
@@ -72,17 +67,17 @@ class Endpoint:
         try:
             httpx.URL(self.url(""))
         except httpx.InvalidURL:
-            raise _refusal(f"{ref('base_url')} '{redact_url(base_url)}' is not an http(s) URL; "
-                           "e.g. http://127.0.0.1:8000/v1") from None
+            raise SettingError(f"{ref('base_url')} '{redact_url(base_url)}' is not an http(s) URL; "
+                               "e.g. http://127.0.0.1:8000/v1", owner) from None
         # the fragment is never sent: it is left out of what is shown
         self.shown = redact_url(urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, "")))
         self.server = redact_url(self.shown, userinfo=False)
         if self._basic is not None and os.environ.get(api_key_env):
-            raise _refusal(f"{ref('base_url')} '{self.shown}' holds a user name and password (basic auth) and "
-                           f"{api_key_env} is set (a Bearer key): a request carries one of them; drop the user "
-                           f"info from {ref('base_url')} or unset {api_key_env}")
+            raise SettingError(f"{ref('base_url')} '{self.shown}' holds a user name and password (basic auth) and "
+                               f"{api_key_env} is set (a Bearer key): a request carries one of them; drop the user "
+                               f"info from {ref('base_url')} or unset {api_key_env}", owner)
         # a line that is said (`credential: ...`), not an error: it names the option as the command line does
-        self.credential = (f"basic auth from the user info of {OpenAIOptions.flag('base_url')}"
+        self.credential = (f"basic auth from the user info of {owner.flag('base_url') if owner else 'base_url'}"
                            if self._basic is not None else
                            f"{api_key_env} (Bearer)" if os.environ.get(api_key_env) else "none")
 

@@ -18,15 +18,16 @@ import re
 from pathlib import Path
 from typing import Any
 
-from longctx.core.errors import InputError
+from longctx.core.errors import InputError, SettingError, ref
+from longctx.extend.settings import ExtendSettings
 
 DCP_DIR = "dcp"
 
 
 def unusable(work: Path, path: Path, why: str) -> InputError:
     """The one line for a file of the work folder `work` that a resume cannot use."""
-    return InputError(f"--resume: {path} {why}; delete {work} or rerun with --overwrite (without --resume) to "
-                      "start over")
+    return SettingError(f"{ref('resume')}: {path} {why}; delete {work} or rerun with {ref('overwrite')} (without "
+                        f"{ref('resume')}) to start over", ExtendSettings)
 
 
 def untrusted(work: Path, path: Path, what: str) -> InputError:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from longctx.core.errors import InputError
+from longctx.core.errors import InputError, SettingError, ref
 from longctx.core.files import (
     CHECKPOINT_KIND,
     check_output,
@@ -124,8 +124,8 @@ def _take_output(s: ExtendSettings, ckpt: Path, held: contextlib.ExitStack) -> N
     # replaced on --overwrite (or on --resume before anything was saved); an existing one needs either flag:
     check_output(work, WORK_KIND, inputs=[("input checkpoint", ckpt)], overwrite=True)
     if output_kind(work) is not None and not (s.resume or s.overwrite):
-        raise InputError(f"work folder '{work}' exists from an earlier run; pass --resume to continue it "
-                         "or --overwrite to start over")
+        raise s.error(f"work folder '{work}' exists from an earlier run; pass {ref('resume')} to continue it "
+                      f"or {ref('overwrite')} to start over")
 
 
 def _validate(s: ExtendSettings, world_size: int, cuda: bool, held: contextlib.ExitStack
@@ -201,8 +201,8 @@ def _micro_batches(ds, step: int, plan: Plan, dp_rank: int) -> list[dict[str, An
 def _start_work(acc, s: ExtendSettings, work: Path, c: _Checked, ds) -> None:
     """Check the data against the run being resumed, or (nothing saved) start the work folder afresh."""
     if c.resume.saved is not None and c.resume.saved["data_fingerprint"] != ds.fingerprint:
-        raise InputError(f"--resume: the data behind {', '.join(s.data + s.short_data)} changed since the run "
-                         f"in '{work}' started; restore it or pass --overwrite to start over")
+        raise s.error(f"{ref('resume')}: the data behind {', '.join(s.data + s.short_data)} changed since the run "
+                      f"in '{work}' started; restore it or pass {ref('overwrite')} to start over")
     acc.wait_for_everyone()  # every rank has read the work folder before the main process changes it
     error = None
     if acc.is_main_process and c.resume.step_dir is None:
@@ -292,9 +292,9 @@ def _append(log_file, entry: dict[str, Any], work: Path) -> None:
         log_file.write(json.dumps(entry) + "\n")
         log_file.flush()
     except OSError as e:
-        raise InputError(f"could not write step {entry['step']} to the training log {work / LOG_FILE} "
-                         f"({e.strerror or e}); the state saved last is kept in {work}: free space and rerun with "
-                         "--resume") from None
+        raise SettingError(f"could not write step {entry['step']} to the training log {work / LOG_FILE} "
+                           f"({e.strerror or e}); the state saved last is kept in {work}: free space and rerun with "
+                           f"{ref('resume')}", ExtendSettings) from None
 
 
 def _train_steps(acc, parts, ds, s: ExtendSettings, plan: Plan, work: Path, start_step: int, progress: bool,
@@ -367,8 +367,9 @@ def _peak(acc, s: ExtendSettings, plan: Plan, flops, dtype: str) -> float | None
 
 def _log_plan(log, s: ExtendSettings, plan: Plan, dtype: str, attn: str, attn_reason: str, acc, work: Path) -> None:
     if s.cp_size > 1:
-        log(f"note: --cp-size {s.cp_size}: torch context parallelism supports only causal masks, so each sequence is "
-            "one causal stream (positions 0..seq_len-1, no document masking); labels still stop at document ends")
+        log(f"note: {ExtendSettings.flag('cp_size')} {s.cp_size}: torch context parallelism supports only causal "
+            "masks, so each sequence is one causal stream (positions 0..seq_len-1, no document masking); labels "
+            "still stop at document ends")
     log(f"sequence length {s.seq_len:,}; {plan.sequences_per_step} sequences ({plan.tokens_per_step:,} tokens) per "
         f"optimizer step = {plan.dp_size} data-parallel rank(s) x {plan.accumulation} accumulation x "
         f"{plan.micro_batch_size} micro-batch")
@@ -434,7 +435,7 @@ def _train(s: ExtendSettings, c: _Checked, world_size: int, cuda: bool, progress
         if acc.is_main_process:  # drop log lines of steps after the saved state (they will be redone)
             write_atomic(work / LOG_FILE, "".join(f"{line}\n" for line in c.resume.log))
     elif s.resume:
-        log(f"--resume: nothing saved in '{work}' yet; starting from step 0")
+        log(f"{ExtendSettings.flag('resume')}: nothing saved in '{work}' yet; starting from step 0")
 
     final_loss = _train_steps(acc, parts, ds, s, plan, work, start_step, progress, flops, dtype)
     if start_step == plan.steps:
@@ -446,8 +447,8 @@ def _train(s: ExtendSettings, c: _Checked, world_size: int, cuda: bool, progress
                      {"source_fingerprint": c.source_fp, "data_fingerprint": ds.fingerprint, "data_stats": ds.stats,
                       "attention": c.attn, "attention_reason": c.attn_reason, "dtype": dtype})
     except OSError as e:
-        error = InputError(f"could not write the output '{s.output}' ({e.strerror or e}); the trained state is kept "
-                           f"in {work}: free space and rerun with --resume to write the output")
+        error = s.error(f"could not write the output '{s.output}' ({e.strerror or e}); the trained state is kept "
+                        f"in {work}: free space and rerun with {ref('resume')} to write the output")
     _agree(error)
     acc.wait_for_everyone()
     seconds = time.perf_counter() - started

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from longctx.core.errors import InputError
+from longctx.core.errors import ref
 from longctx.core.parse import loads
 from longctx.extend.dcp import check_inside, unusable
 from longctx.extend.output import LOG_FILE, LOG_KEYS
@@ -89,8 +89,9 @@ def check_resumable(saved: dict[str, Any], s: ExtendSettings, source_fp: str, wo
     if saved["source_fingerprint"] != source_fp:
         diffs.append("checkpoint (other weights or config than the run being resumed)")
     if diffs:
-        raise InputError(f"--resume: the run in '{work}' used different settings: {'; '.join(diffs)}; "
-                         "rerun with the original settings or pass --overwrite (without --resume) to start over")
+        raise s.error(f"{ref('resume')}: the run in '{work}' used different settings: {'; '.join(diffs)}; "
+                      f"rerun with the original settings or pass {ref('overwrite')} (without {ref('resume')}) to "
+                      "start over")
 
 
 def _is_number(value: Any) -> bool:

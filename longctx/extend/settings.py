@@ -32,13 +32,13 @@ class ExtendSettings(Settings):
                               "saved dataset, hf:<dataset id>[:split] or synthetic:<kind>.")
     rope_base: int | float | None = setting(None, Number(), "New RoPE base (ABF), e.g. 1e6 [default: keep the "
                                                             "checkpoint's].")
-    short_data: list[str] = setting([], Specs(), "Short documents mixed in for --short-fraction of the tokens "
-                                                 "(repeatable; same forms as --data).")
-    short_fraction: float = setting(0.0, _FRACTION, "Share of the tokens from --short-data (ProLong: 0.3-0.4).")
+    short_data: list[str] = setting([], Specs(), f"Short documents mixed in for {ref('short_fraction')} of the "
+                                                 f"tokens (repeatable; same forms as {ref('data')}).")
+    short_fraction: float = setting(0.0, _FRACTION, f"Share of the tokens from {ref('short_data')} (ProLong: 0.3-0.4).")
     tokens: int | None = setting(None, Count(), "Tokens to train on, e.g. 80B or 1e9 (k/M = x1024, B = 10^9).")
-    steps: int | None = setting(None, Int(minimum=1), "Optimizer steps (instead of --tokens).")
+    steps: int | None = setting(None, Int(minimum=1), f"Optimizer steps (instead of {ref('tokens')}).")
     tokens_per_step: int | None = setting(None, Count(), "Tokens per optimizer step, rounded to whole sequences "
-                                                         "[default: 4M, at most --tokens / 20].")
+                                                         f"[default: 4M, at most {ref('tokens')} / 20].")
     micro_batch_size: int = setting(1, Int(minimum=1), "Sequences per forward pass on each rank.")
     lr: float = setting(2e-5, Float(0, low_open=True, words="a number > 0"), "Peak learning rate (AdamW).")
     warmup_fraction: float = setting(0.1, _FRACTION, "Share of steps in linear warmup.")

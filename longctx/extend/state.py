@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from longctx.core.errors import InputError
+from longctx.core.errors import SettingError, ref
 from longctx.core.files import publish_dir, write_json
 from longctx.extend.dcp import (
     DCP_DIR,
@@ -157,8 +157,9 @@ def check_step(work: Path, step_dir: Path, plan: Plan, s: ExtendSettings) -> dic
     if not 1 <= step <= plan.steps:
         raise unusable(work, path, f"is the state after step {step}, but this run has {plan.steps} steps")
     if state["sequences_per_step"] != plan.sequences_per_step:
-        raise InputError(f"--resume: {step_dir} was trained with {state['sequences_per_step']} sequences per step, "
-                         f"this launch gives {plan.sequences_per_step}; launch as many processes as before")
+        raise SettingError(f"{ref('resume')}: {step_dir} was trained with {state['sequences_per_step']} sequences "
+                           f"per step, this launch gives {plan.sequences_per_step}; launch as many processes as before",
+                           ExtendSettings)
     if state["cursor"] != step * state["sequences_per_step"] or state["world_size"] < 1:
         raise unusable(work, path, f"is damaged (cursor {state['cursor']}, world size {state['world_size']} after "
                                    f"step {step} of {state['sequences_per_step']} sequences)")
@@ -267,10 +268,11 @@ def save_training_state(acc, module, optimizer, scheduler, work: Path, step: int
         if acc.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
         kept = [p.name for p in step_dirs(work)]
-        raise InputError(f"could not save the training state after step {step} in {work} "
-                         f"({error.strerror or error}); "
-                         + (f"{kept[-1]} is kept: free space and rerun with --resume to continue from it" if kept
-                            else "nothing was saved yet: free space and rerun with --resume"))
+        raise SettingError(f"could not save the training state after step {step} in {work} "
+                           f"({error.strerror or error}); "
+                           + (f"{kept[-1]} is kept: free space and rerun with {ref('resume')} to continue from it"
+                              if kept else f"nothing was saved yet: free space and rerun with {ref('resume')}"),
+                           ExtendSettings)
     if acc.is_main_process:
         for old in work.glob("step-*"):
             if old != final and old.name < final.name:

@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from longctx.extend.settings import ExtendSettings
+
 # Peak dense (no sparsity) bf16 tensor-core TFLOP/s of one device, from the vendors' datasheets (the
 # datasheets quote "with sparsity" figures: these are half of them). Matched on whole words of
 # torch.cuda.get_device_name(); the entry with the most words that all match wins (H100 PCIe over H100).
@@ -66,17 +68,19 @@ def table_entry(device_name: str) -> tuple[str, float] | None:
 
 def peak_flops(peak_tflops: float | None, device_name: str | None, dtype: str) -> tuple[float | None, str]:
     """(peak FLOP/s of one device or None, where it came from): `peak_tflops` (--peak-tflops) when given, else
-    the table for a known GPU computing in bfloat16; `device_name` None means the CPU."""
+    the table for a known GPU computing in bfloat16; `device_name` None means the CPU. The texts name the setting
+    as the command line does (they are logged, also by a recipe's run)."""
+    flag = ExtendSettings.flag("peak_tflops")
     if peak_tflops is not None:
-        return peak_tflops * 1e12, "from --peak-tflops"
+        return peak_tflops * 1e12, f"from {flag}"
     device = device_name or "cpu"
     entry = table_entry(device_name) if device_name else None
     if entry is None:
-        return None, f"no peak known for {device} {dtype}; give --peak-tflops"
+        return None, f"no peak known for {device} {dtype}; give {flag}"
     if dtype != "bfloat16":  # the table is bf16 tensor cores; fp32 peaks differ by model and TF32 settings
-        return None, f"no peak known for {device} {dtype} (longctx's table is bf16 only); give --peak-tflops"
+        return None, f"no peak known for {device} {dtype} (longctx's table is bf16 only); give {flag}"
     name, tflops = entry
-    return tflops * 1e12, f"{device} = {name}, bf16 dense, from longctx's table; --peak-tflops to change"
+    return tflops * 1e12, f"{device} = {name}, bf16 dense, from longctx's table; {flag} to change"
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from longctx.core.errors import InputError
+from longctx.core.errors import InputError, SettingError, ref
 from longctx.core.files import atomic_dir, write_json
 from longctx.core.hashing import hash_json, tokenizer_fingerprint
 from longctx.core.parse import loads
@@ -259,9 +259,9 @@ def token_pool(specs: Sequence[str], tokenizer: Any, budget: int, *, seed: int, 
     try:
         total = _write_tokens(final, specs, tokenizer, identity, budget, seed, length_tokens, tokenizing, dtype)
     except BrokenProcessPool:
-        raise InputError(f"a tokenize worker process died (killed, or out of memory) while tokenizing "
-                         f"{', '.join(specs)}; nothing was cached: rerun, with fewer --tokenize-workers if memory is "
-                         "short") from None
+        raise SettingError(f"a tokenize worker process died (killed, or out of memory) while tokenizing "
+                           f"{', '.join(specs)}; nothing was cached: rerun, with fewer {ref('tokenize_workers')} if "
+                           "memory is short") from None
     finally:
         tokenizing.close()
     seconds = time.perf_counter() - started

@@ -40,9 +40,9 @@ class InitSettings(Settings):
                              "reference (Mistral v1 32k SentencePiece from mistral_common), bpe (train a small "
                              "byte-level BPE now, one token per digit), a local tokenizer directory, or a Hub id "
                              "(org/name[/subfolder][@revision]).")
-    vocab_size: int = setting(4096, Int(minimum=260), "Vocabulary of the BPE trained by --tokenizer bpe.")
-    bpe_corpus: str | None = setting(None, LocalPath(), "Text file to train --tokenizer bpe on [default: built-in "
-                                                       "word-list corpus].")
+    vocab_size: int = setting(4096, Int(minimum=260), f"Vocabulary of the BPE trained by {ref('tokenizer')} bpe.")
+    bpe_corpus: str | None = setting(None, LocalPath(), f"Text file to train {ref('tokenizer')} bpe on [default: "
+                                                       "built-in word-list corpus].")
     match_params: bool = setting(False, Bool(), "Shrink a gated model's FFN so its size equals the baseline's.")
     dtype: str | None = setting(None, Choice(DTYPES, "dtype"),
                                 "Weights dtype [default: float32 for tiny, bfloat16 for paper-1.7b].")

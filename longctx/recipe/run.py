@@ -30,7 +30,7 @@ from pathlib import Path
 
 from longctx.checkpoint.hub import cached_file, download_command, parse_hub_id
 from longctx.core.clock import utc_timestamp
-from longctx.core.errors import InputError, SettingError
+from longctx.core.errors import InputError, SettingError, ref
 from longctx.core.files import check_output, make_output, write_json
 from longctx.core.hashing import hash_json
 from longctx.core.kinds import Bool, Choice, LocalPath, did_you_mean
@@ -136,11 +136,11 @@ def _decide(step: Step, forced: str | None) -> None:
 
 
 def _forced(s: Step, from_stage: str | None, ran: set[str | None]) -> str | None:
-    """Why `s` must run whatever its marker says: --from reached it, or an earlier stage of its model ran
+    """Why `s` must run whatever its marker says: `from_stage` reached it, or an earlier stage of its model ran
     (compare: of any model)."""
     order = stage_names()
     if from_stage and order.index(s.stage) >= order.index(from_stage):
-        return f"--from {from_stage}"
+        return f"{RunSettings.flag('from_stage')} {from_stage}"
     if s.model in ran or (isinstance(stage(s.stage), ComparisonStage) and ran):
         return f"an earlier stage of {s.model or 'a model'} runs"
     return None
@@ -186,17 +186,17 @@ def _check_from(recipe: Recipe, steps: list[Step], from_stage: str | None) -> No
         return
     known = stage_names()
     if from_stage not in known:
-        raise InputError(f"--from {from_stage}: unknown stage{did_you_mean(from_stage, known)} "
-                         f"(stages: {', '.join(known)})")
+        raise SettingError(f"{ref('from_stage')} {from_stage}: unknown stage{did_you_mean(from_stage, known)} "
+                           f"(stages: {', '.join(known)})", RunSettings)
     present = {s.stage for s in steps}
     if from_stage not in present:
-        raise InputError(f"--from {from_stage}: {recipe.path} has no {from_stage} stage "
-                         f"(its stages: {', '.join(dict.fromkeys(s.stage for s in steps))})")
+        raise SettingError(f"{ref('from_stage')} {from_stage}: {recipe.path} has no {from_stage} stage "
+                           f"(its stages: {', '.join(dict.fromkeys(s.stage for s in steps))})", RunSettings)
     for s in steps:
         missing = [p for p in s.inputs if not _fetchable(p)] if s.stage == from_stage else []
         if missing:
-            raise InputError(f"--from {from_stage}: its input {missing[0]} ({s.label}) does not exist; "
-                             "run the earlier stages first (without --from)")
+            raise SettingError(f"{ref('from_stage')} {from_stage}: its input {missing[0]} ({s.label}) does not "
+                               f"exist; run the earlier stages first (without {ref('from_stage')})", RunSettings)
 
 
 def _decide_all(steps: list[Step], from_stage: str | None) -> None:

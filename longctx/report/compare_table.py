@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from longctx.core.errors import InputError, ref
+from longctx.core.errors import InputError, SettingError, ref
 from longctx.core.kinds import did_you_mean
 from longctx.core.units import length_label
 from longctx.eval.scoring import score_predictions
@@ -157,6 +157,6 @@ def reference_length(table: ScoreTable, given: int | None) -> int:
         below = [L for L in pool if limit is None or L <= limit]
         return max(below) if below else pool[0]
     if given not in table.lengths:
-        raise InputError(f"--reference {given} is not a length any run has with every shared task "
-                         f"(lengths: {', '.join(map(str, table.lengths))})")
+        raise SettingError(f"{ref('reference')} {given} is not a length any run has with every shared task "
+                           f"(lengths: {', '.join(map(str, table.lengths))})", CompareSettings)
     return given

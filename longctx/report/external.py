@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from longctx.core.clock import utc_timestamp
-from longctx.core.errors import InputError
+from longctx.core.errors import InputError, ref
 from longctx.core.files import write_atomic
 from longctx.core.parse import loads
 from longctx.report.results import RESULTS_FORMAT, THRESHOLD, Results, aggregate, per_length_means
@@ -253,6 +253,6 @@ def export(s) -> list[Path]:
     check_apart(out, [("run", run), ("run's results", run / RESULTS_FILE)])
     with OutputLock(out, "output"):
         if out.exists() and not s.overwrite:
-            raise InputError(f"'{out}' exists; pass --overwrite to replace it")
+            raise s.error(f"'{out}' exists; pass {ref('overwrite')} to replace it")
         out.parent.mkdir(parents=True, exist_ok=True)
         return export_run(results, s.format, out)

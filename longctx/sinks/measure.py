@@ -39,7 +39,7 @@ from longctx.checkpoint.rope import read_rope
 from longctx.checkpoint.rope_settings import check_context
 from longctx.checkpoint.tokenizer import load_tokenizer, special_tokens_added
 from longctx.core.clock import utc_timestamp
-from longctx.core.errors import InputError
+from longctx.core.errors import InputError, SettingError, ref
 from longctx.core.files import RULER_RUN_KIND, check_output, make_output, write_json
 from longctx.data.sources import iter_documents
 from longctx.data.synthetic import KINDS
@@ -73,9 +73,9 @@ def token_windows(tokenizer, spec: str, windows: int, length: int, seed: int = 0
         if len(stream) >= need:
             break
     if len(stream) < need:
-        raise InputError(f"data '{spec}' gave {len(stream)} tokens, fewer than the {need} needed for {windows} "
-                         f"window(s) of {length}{' after a BOS' if bos else ''}; give more text, or lower --tokens "
-                         "or --length")
+        raise SettingError(f"data '{spec}' gave {len(stream)} tokens, fewer than the {need} needed for {windows} "
+                           f"window(s) of {length}{' after a BOS' if bos else ''}; give more text, or lower "
+                           f"{ref('tokens')} or {ref('length')}", SinksSettings)
     return [bos + stream[w * body:(w + 1) * body] for w in range(windows)], bool(bos)
 
 

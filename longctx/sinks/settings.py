@@ -45,10 +45,7 @@ class SinksSettings(Settings):
 
     def check_inputs(self, offline_data: bool = True) -> None:
         # The device is what the machine has, like a file: checked here, before the model is loaded onto it.
-        try:
-            check_device(self.device, ref("device"))
-        except InputError as e:
-            raise self.error(str(e)) from None
+        check_device(self.device)
         if self.data is not None:
             try:
                 check_data_specs([self.data], offline_data)

@@ -35,7 +35,7 @@ from longctx.checkpoint.rope import (
 )
 from longctx.checkpoint.rope_layers import LayerRopes, built_config, read_rope_layers, write_rope_layers
 from longctx.checkpoint.rotary import BuiltRope, prose, reach_notes
-from longctx.core.errors import InputError
+from longctx.core.errors import InputError, SettingError, ref
 from longctx.yarn.settings import YarnSettings, default_output
 
 # Keys `longctx yarn` does not carry over from an old YaRN: transformers' `attention_factor` replaces the attention
@@ -117,6 +117,9 @@ class YarnAsk:
     model_type: str | None = None
 
 
+ORIGINAL = ref("original_max_position_embeddings")
+
+
 def _refusals(rope: RopeSettings, ask: YarnAsk, whose: str) -> int:
     """The original length YaRN scales `rope` from (`whose` RoPE it is, in messages); InputError where there is
     none, or where `rope` is scaled already and `ask.rescale` is off."""
@@ -126,20 +129,18 @@ def _refusals(rope: RopeSettings, ask: YarnAsk, whose: str) -> int:
     name, details = _scaling(rope)
     if rope.rope_type != "default" and not ask.rescale:
         if unknown_linear:
-            raise InputError(f"{whose} is already linear-scaled ({details}) and its config {_unrecorded(rope)}; "
-                             "pass --rescale --original-max-position-embeddings N, N the length it was trained at "
-                             "before the linear scaling")
-        raise InputError(f"{whose} is already {name}-scaled ({details}); pass --rescale to replace its scaling "
-                         "with YaRN from the original length")
+            raise SettingError(f"{whose} is already linear-scaled ({details}) and its config {_unrecorded(rope)}; "
+                               f"pass {ref('rescale')} {ORIGINAL} N, N the length it was trained at before the "
+                               "linear scaling", YarnSettings)
+        raise SettingError(f"{whose} is already {name}-scaled ({details}); pass {ref('rescale')} to replace its "
+                           "scaling with YaRN from the original length", YarnSettings)
     n = ask.original if ask.original is not None else rope.trained_length
     if n is None and unknown_linear:
-        raise InputError(f"linear RoPE scaling ({details}) {_unrecorded(rope)}; pass --original-max-position-embeddings"
-                         " N, N the length the model was trained at before the linear scaling")
+        raise SettingError(f"linear RoPE scaling ({details}) {_unrecorded(rope)}; pass {ORIGINAL} N, N the length "
+                           "the model was trained at before the linear scaling", YarnSettings)
     if n is None or n <= 0:
-        raise InputError(
-            "config has no max_position_embeddings to take as the original length; "
-            "pass --original-max-position-embeddings N"
-        )
+        raise SettingError("config has no max_position_embeddings to take as the original length; "
+                           f"pass {ORIGINAL} N", YarnSettings)
     return n
 
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from longctx.core.errors import InputError, ref
+from longctx.core.errors import InputError
 from longctx.core.kinds import Text
 from longctx.core.settings import setting
 from longctx.eval.backends import Backend, BackendContext, BackendOptions, device_info, dtype_setting
@@ -23,10 +23,7 @@ class HfOptions(BackendOptions):
         from longctx.checkpoint.load import check_device
 
         # what the machine has, like a file: checked when a recipe loads, not when its ruler stage starts
-        try:
-            check_device(self.device, ref("device"))
-        except InputError as e:
-            raise self.error(str(e)) from None
+        check_device(self.device)
 
 
 class HfBackend(Backend):

@@ -163,7 +163,7 @@ class OpenAIBackend(Backend):
 
         if not base_url:
             raise _refusal(f"the openai backend needs {ref('base_url')} (e.g. http://127.0.0.1:8000/v1)")
-        self.endpoint = Endpoint(base_url, api_key_env)
+        self.endpoint = Endpoint(base_url, api_key_env, owner=OpenAIOptions)
         if not timeout > 0:
             raise InputError(f"the request timeout must be > 0 seconds, got {timeout}")
         self.base_url = self.endpoint.shown  # redacted: what messages and settings show
