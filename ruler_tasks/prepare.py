@@ -243,8 +243,9 @@ def prepare(
     fp = tokenizer_fingerprint(tok)
     words, words_sha = _english_words(english_words)
     out = Path(out_dir)
-    request = _request(fp, lengths, specs, samples, seed, template, words_sha, (data_dir, essay, squad, hotpotqa),
-                       mtemplate, thinking)
+    request = _request(fp, lengths=lengths, specs=specs, samples=samples, seed=seed, template=template,
+                       words_sha=words_sha, sources=(data_dir, essay, squad, hotpotqa),
+                       mtemplate=mtemplate, thinking=thinking)
     inputs = _Inputs(tok, fp, getattr(tok, "name_or_path", None) if loaded else str(tokenizer), lengths, specs,
                      samples, seed, mtemplate, words, words_sha)
     # The output is checked, locked and marked as `ruler run` takes its run directory: never a folder of the
@@ -292,8 +293,7 @@ def _write_tasks(i: _Inputs, out: Path, request: str, origins: dict[str, str], p
     new = _first_missing(out)
     make_output(out, TASKS_KIND)
     try:
-        result = _generate(i.tok, i.fp, i.path_name, i.lengths, i.specs, i.samples, i.seed, i.mtemplate, data,
-                           i.words, i.words_sha, out, manifest, progress)
+        result = _generate(i, data=data, out=out, manifest=manifest, progress=progress)
     except RulerInputError:
         if new is not None:  # a folder this call made: a refusal leaves nothing behind
             shutil.rmtree(new, ignore_errors=True)
@@ -303,7 +303,7 @@ def _write_tasks(i: _Inputs, out: Path, request: str, origins: dict[str, str], p
     return result
 
 
-def _request(fp: str, lengths: list[int], specs: list[TaskSpec], samples: int, seed: int, template: str,
+def _request(fp: str, *, lengths: list[int], specs: list[TaskSpec], samples: int, seed: int, template: str,
              words_sha: str | None, sources: tuple, mtemplate, thinking: bool | None) -> str:
     """The hash of a whole request: the manifest that answered it answers it again while its files are intact."""
     from ruler_tasks.words import wonderwords_version
@@ -335,20 +335,19 @@ def _first_missing(path: Path) -> Path | None:
     return path
 
 
-def _generate(tok, fp, path_name, lengths, specs, samples, seed, mtemplate, data, words, words_sha, out: Path,
-              manifest: dict, progress: bool) -> PrepareResult:
+def _generate(i: _Inputs, *, data: dict[str, Any], out: Path, manifest: dict, progress: bool) -> PrepareResult:
     """Every (length, task) file: reused when its key and sha256 match, else generated."""
     from ruler_tasks._common import GenContext
     from ruler_tasks.counting import TokenCounter
     from ruler_tasks.punkt import PUNKT_SHA256
     from ruler_tasks.words import wonderwords_version
 
-    counter = TokenCounter(tok)
+    counter = TokenCounter(i.tok)
     files = manifest.setdefault("files", {})
     manifest.update({"upstream": f"NVIDIA/RULER@{UPSTREAM_COMMIT}",
-                     "tokenizer": {"path": path_name, "fingerprint": fp, "counting": counter.strategy},
-                     "template": mtemplate.describe(), "seed": seed, "samples": samples,
-                     "english_words_sha256": words_sha, "wonderwords": wonderwords_version(),
+                     "tokenizer": {"path": i.path_name, "fingerprint": i.fp, "counting": counter.strategy},
+                     "template": i.mtemplate.describe(), "seed": i.seed, "samples": i.samples,
+                     "english_words_sha256": i.words_sha, "wonderwords": wonderwords_version(),
                      "punkt_tab_sha256": PUNKT_SHA256})
     manifest.setdefault("data", {}).update({n: d.manifest_entry() for n, d in data.items()})
     result = PrepareResult(out_dir=out, manifest=manifest)
@@ -357,33 +356,33 @@ def _generate(tok, fp, path_name, lengths, specs, samples, seed, mtemplate, data
     # many. Frozen (`gc.freeze`), the collector skips them; new garbage is still collected.
     refreeze = gc.get_freeze_count() == 0
     try:
-        for L in lengths:
+        for L in i.lengths:
             (out / str(L)).mkdir(exist_ok=True)
-            for spec in specs:
+            for spec in i.specs:
                 rel = f"{L}/{spec.name}.jsonl"
                 path = out / rel
                 key = hash_json({
                     "task": spec.name, "version": spec.version, "args": dict(spec.args), "length": L,
-                    "samples": samples, "seed": seed, "template": mtemplate.describe(), "tokenizer": fp,
+                    "samples": i.samples, "seed": i.seed, "template": i.mtemplate.describe(), "tokenizer": i.fp,
                     "data": {n: data[n].sha256 for n in spec.needs},
                     "wonderwords": wonderwords_version(), "punkt": PUNKT_SHA256,
-                    "english_words": words_sha if spec.generator == "common_words_extraction" else None,
+                    "english_words": i.words_sha if spec.generator == "common_words_extraction" else None,
                 })
                 entry = files.get(rel)
                 result.files.append(path)
                 if entry and entry.get("key") == key and path.is_file() and sha256_file(path) == entry.get("sha256"):
-                    result.timings.append(TaskTiming(spec.name, L, samples, 0.0, 0.0, True))
+                    result.timings.append(TaskTiming(spec.name, L, i.samples, 0.0, 0.0, True))
                     continue
                 gc.freeze()  # includes the caches earlier tasks filled
                 t0 = time.perf_counter()
-                ctx = GenContext(spec.name, dict(spec.args), L, samples, seed, counter, mtemplate,
-                                 spec.tokens_to_generate, {n: data[n] for n in spec.needs}, english_words=words)
+                ctx = GenContext(spec.name, dict(spec.args), L, i.samples, i.seed, counter, i.mtemplate,
+                                 spec.tokens_to_generate, {n: data[n] for n in spec.needs}, english_words=i.words)
                 gen = importlib.import_module(f"ruler_tasks.{_MODULES[spec.generator]}").generate(ctx)
-                sha, n, t_first = _write_task_file(path, gen, samples, f"{L} {spec.name}", progress)
+                sha, n, t_first = _write_task_file(path, gen, i.samples, f"{L} {spec.name}", progress)
                 t1 = time.perf_counter()
                 # setup = everything before the first sample came out (search included); loop = the rest,
                 # counted as n samples (the first sample's own cost is in setup: small next to the search).
-                result.timings.append(TaskTiming(spec.name, L, samples, (t_first or t1) - t0, t1 - (t_first or t1),
+                result.timings.append(TaskTiming(spec.name, L, i.samples, (t_first or t1) - t0, t1 - (t_first or t1),
                                                  False))
                 files[rel] = {"key": key, "sha256": sha, "task": spec.name, "version": spec.version,
                               "length": L, "samples": n, "metric": spec.metric,

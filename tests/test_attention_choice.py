@@ -80,9 +80,9 @@ def test_probes_on_this_machine():
 def test_plan_log_names_the_attention_and_why():
     s = ExtendSettings(checkpoint="c", output="o", seq_len=512, data=["d"], steps=2)
     lines = []
-    loop._log_plan(lines.append, s, resolve_plan(s, 1), "bfloat16", "flex_attention",
-                   "auto: flash_attn is not installed; FlexAttention masks documents without a dense mask",
-                   SimpleNamespace(is_fsdp2=False), Path("w"))
+    loop._log_plan(lines.append, s, plan=resolve_plan(s, 1), dtype="bfloat16", attn="flex_attention",
+                   attn_reason="auto: flash_attn is not installed; FlexAttention masks documents without a dense mask",
+                   acc=SimpleNamespace(is_fsdp2=False), work=Path("w"))
     assert ("attention flex_attention (auto: flash_attn is not installed; FlexAttention masks documents without a "
             "dense mask)") in lines
 

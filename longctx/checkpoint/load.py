@@ -13,15 +13,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from longctx.core.errors import InputError, SettingError, ref
+from longctx.core.errors import InputError, SettingError, exception_line, ref
 from longctx.core.files import json_object
-
-
-def _one_line(e: BaseException, limit: int = 240) -> str:
-    """An exception's text on one line (huggingface_hub puts the cause of a field error on the second line)."""
-    text = " ".join(line.strip() for line in str(e).strip().splitlines() if line.strip()) or type(e).__name__
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
 
 TRUST_REMOTE_CODE_HELP = ("Run the Python code a checkpoint ships (config.json auto_map) to build its config, "
                           "model or tokenizer; read that code first. Off: such a checkpoint is refused.")
@@ -98,7 +91,7 @@ def model_config(path: str | os.PathLike, config: dict[str, Any] | None = None, 
     # Building a config reads only the JSON, so whatever goes wrong is the file's (transformers raises
     # ValueError, KeyError, TypeError, and huggingface_hub's StrictDataclassError for a field of the wrong type).
     except Exception as e:  # noqa: BLE001
-        raise InputError(f"'{source}': transformers cannot build a config from it ({_one_line(e)}); fix "
+        raise InputError(f"'{source}': transformers cannot build a config from it ({exception_line(e)}); fix "
                          "config.json or restore it from the original checkpoint") from None
 
 
@@ -135,7 +128,7 @@ def check_weight_shapes(path: str | os.PathLike, config: Any, trust_remote_code:
             warnings.simplefilter("ignore")
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     except (ValueError, KeyError) as e:
-        raise InputError(f"checkpoint '{path}': transformers has no causal LM for this config ({_one_line(e)})"
+        raise InputError(f"checkpoint '{path}': transformers has no causal LM for this config ({exception_line(e)})"
                          ) from None
     for name, tensor in model.state_dict().items():
         shape = stored.get(name)
@@ -167,7 +160,7 @@ def load_model(path: str | os.PathLike, *, dtype: Any = "auto", device: str | No
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except (OSError, ValueError, KeyError) as e:
-        raise InputError(f"cannot load the model in '{path}': {_one_line(e)}") from None
+        raise InputError(f"cannot load the model in '{path}': {exception_line(e)}") from None
     return model.to(device) if device is not None else model
 
 

@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from longctx.checkpoint.config_keys import check_config_types, is_int, is_number, shown
-from longctx.checkpoint.load import _one_line, model_config
+from longctx.checkpoint.load import model_config
 from longctx.checkpoint.rope_settings import TYPES_WITH_ORIGINAL, RopeSettings
 from longctx.checkpoint.rotary import BuiltRope, built_rope, rope_differences
 from longctx.checkpoint.yarn_reference import yarn_attention_scaling, yarn_longrope_factors
-from longctx.core.errors import InputError
+from longctx.core.errors import InputError, exception_line
 from longctx.core.parse import loads
 from longctx.core.units import parse_number
 
@@ -397,7 +397,7 @@ def _built_config(written: Path | dict[str, Any], checkpoint: str | os.PathLike 
         if e.__context__ is None:
             raise  # longctx's own refusal (code the checkpoint ships, not trusted): it says what to do
         raise InputError(f"'{label}': transformers cannot build a config from what longctx wrote "
-                         f"({_one_line(e.__context__)}); {what}") from None
+                         f"({exception_line(e.__context__)}); {what}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
 

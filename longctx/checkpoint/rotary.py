@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from longctx.checkpoint import yarn_reference as ref
-from longctx.checkpoint.load import _one_line
-from longctx.core.errors import InputError
+from longctx.core.errors import InputError, exception_line
 
 # Model types whose attention skips RoPE in some layers: (config, layer index) -> whether that layer applies
 # it, as the attention's forward decides in transformers 5.19 models/<type>/modeling_<type>.py.
@@ -97,7 +96,7 @@ def meta_model(config: Any, trust_remote_code: bool = False):
                 first = first or e
     finally:
         hf_logging.set_verbosity(verbosity)
-    raise InputError(f"transformers builds no model from this config ({_one_line(first)})")
+    raise InputError(f"transformers builds no model from this config ({exception_line(first)})")
 
 
 def _is_rotary(cls: type) -> bool:

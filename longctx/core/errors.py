@@ -35,6 +35,18 @@ def option_name(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def one_line(text: str, limit: int = 300) -> str:
+    """`text` (a server's answer, a library's exception) on one line, cut to `limit` characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def exception_line(e: BaseException, limit: int = 240) -> str:
+    """An exception's text on one line (huggingface_hub puts the cause of a field error on the second line), or
+    its type's name when it has none."""
+    return one_line(str(e), limit) or type(e).__name__
+
+
 class InputError(ValueError):
     """Bad user input (a path, a config, an argument): one line for the user, exit code 2."""
 

@@ -44,8 +44,6 @@ def _words() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     return tuple(tuple(w for w in ws if simple.fullmatch(w)) for ws in wonderwords_lists())
 
 
-# --- shared pieces ----------------------------------------------------------------------------------
-
 def _uuid(rng: random.Random) -> str:
     return str(uuid.UUID(int=rng.getrandbits(128), version=4))
 

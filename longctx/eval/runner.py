@@ -81,7 +81,7 @@ def _requests(out: Path, lengths: list[int], specs, done: dict, think_tokens: in
                                   s.tokens_to_generate + think_tokens)
 
 
-def _predict(bk, out: Path, lengths, specs, done, pending: int, progress: bool,
+def _predict(bk, out: Path, *, lengths, specs, done, pending: int, progress: bool,
              on_prediction: Callable[[dict], None] | None,
              think_tokens: int | None) -> tuple[int, dict[int, dict[str, Any]]]:
     """Generate every missing prediction, written as it arrives; returns how many were made and, per length
@@ -276,14 +276,15 @@ def _open_run(s: RulerRunSettings, engine, progress: bool, say: Callable[[str], 
         bk = make_backend(s.backend, s.backend_options(), context)
         why = f"the {n_special} special token(s) the engine adds" + (
             f" and {s.think_tokens} thinking tokens" if s.think_tokens else "")
-        return _stage_run(s, ckpt, fp, tok, specs, bk, (extra, why, max_model_len), progress)
+        return _stage_run(s, ckpt, fp=fp, tok=tok, specs=specs, bk=bk, room=(extra, why, max_model_len),
+                          progress=progress)
     except BaseException:
         if bk is not None:
             bk.close()
         raise
 
 
-def _stage_run(s: RulerRunSettings, ckpt: Path, fp: str, tok, specs, bk, room: tuple[int, str, int],
+def _stage_run(s: RulerRunSettings, ckpt: Path, *, fp: str, tok, specs, bk, room: tuple[int, str, int],
                progress: bool) -> _OpenRun:
     """The run directory bound to this run (refused when it is bound to another), its task files made in a
     staging folder and checked against the engine's room (`room`: the tokens a sample needs beyond its length,
@@ -336,8 +337,8 @@ def _predict_and_score(s: RulerRunSettings, r: _OpenRun, progress: bool,
     say(f"max_model_len {r.max_model_len}; {total} samples, {reused} already predicted, {total - reused} to go "
         f"({s.backend})")
     t0 = time.perf_counter()
-    count, per_length = _predict(bk, out, lengths, specs, done, total - reused, progress, on_prediction,
-                                 s.think_tokens or None)
+    count, per_length = _predict(bk, out, lengths=lengths, specs=specs, done=done, pending=total - reused,
+                                 progress=progress, on_prediction=on_prediction, think_tokens=s.think_tokens or None)
     t_gen = time.perf_counter() - t0
     # what ran: this call's engine, or (everything reused) the one that made the predictions before
     before = json_object(out / "scores.json").get("backend")

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from longctx.core.errors import one_line
+
 # Where a vLLM engine's output goes (all of it while it starts; its processes' and its log records while it
 # generates): the run directory when the backend knows it, else longctx's cache (`cache_dir()/logs`).
 ENGINE_LOG = "vllm-engine.log"
@@ -133,12 +135,11 @@ def engine_error(log: Path | None, e: BaseException, since: int = 0, ended: str 
     """What made the engine fail, in one line: `e` itself when it says (it was raised in this process), else the
     last exception line the engine's processes wrote to `log` after byte `since`, else `ended` (how its processes
     ended), else `e`'s type."""
-    own = " ".join(line.strip() for line in str(e).strip().splitlines() if line.strip())
+    own = one_line(str(e), limit=10**6)
     found = None
     if not own or _is_generic(own):
         found = _last_exception(log, since) or ended
-    text = found or (f"{type(e).__name__}: {own}" if own else type(e).__name__)
-    return text if len(text) <= 300 else text[:297] + "..."
+    return one_line(found or (f"{type(e).__name__}: {own}" if own else type(e).__name__))
 
 
 def _engine_processes(client: Any) -> list[Any]:

@@ -18,7 +18,6 @@ refuses with the same line (`_agree`).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import shutil
@@ -27,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from longctx.core.errors import InputError, SettingError, ref
+from longctx.core.errors import InputError, ref
 from longctx.core.files import (
     CHECKPOINT_KIND,
     check_output,
@@ -45,7 +44,16 @@ from longctx.extend.plan import Plan, check_parallelism, resolve_plan
 from longctx.extend.resume import SETTINGS_FILE, WORK_KIND, Resume, check_work, record, work_dir
 from longctx.extend.settings import ExtendSettings
 from longctx.extend.state import load_training_state, save_training_state
-from longctx.extend.throughput import model_flops, peak_flops
+from longctx.extend.steps import (
+    Trainer,
+    append_log_line,
+    log_entry,
+    make_trainer,
+    micro_batches,
+    peak_per_device,
+    train_step,
+)
+from longctx.extend.throughput import model_flops
 
 
 @dataclass(frozen=True)
@@ -185,19 +193,6 @@ def _check_before_work(s: ExtendSettings, world_size: int, cuda: bool, held: con
     return _Checked(ckpt, new_cfg, notes, plan, attn, attn_reason, source_fp, check_work(s, plan, source_fp))
 
 
-def _micro_batches(ds, step: int, plan: Plan, dp_rank: int) -> list[dict[str, Any]]:
-    import torch
-
-    b, base = plan.micro_batch_size, step * plan.sequences_per_step
-    out = []
-    for micro in range(plan.accumulation):
-        first = base + (micro * plan.dp_size + dp_rank) * b
-        items = [ds.get(first + j) for j in range(b)]
-        out.append({k: torch.stack([it[k] for it in items])
-                    for k in ("input_ids", "position_ids", "shift_labels", "tokens")})
-    return out
-
-
 def _start_work(acc, s: ExtendSettings, work: Path, c: _Checked, ds) -> None:
     """Check the data against the run being resumed, or (nothing saved) start the work folder afresh."""
     if c.resume.saved is not None and c.resume.saved["data_fingerprint"] != ds.fingerprint:
@@ -222,89 +217,13 @@ def _start_work(acc, s: ExtendSettings, work: Path, c: _Checked, ds) -> None:
     _agree(error)
 
 
-def _optimizer(module, s: ExtendSettings, acc, plan: Plan):
-    """(accelerated optimizer, torch optimizer, scheduler): AdamW without weight decay on norms and biases,
-    linear warmup then cosine."""
-    import torch
-
-    from longctx.extend.plan import lr_multiplier
-
-    decay = [p for p in module.parameters() if p.ndim >= 2]
-    no_decay = [p for p in module.parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, s.beta2))
-    # FSDP2 replaces the parameters by sharded ones: accelerate re-points the optimizer when both come together.
-    module, accelerated = acc.prepare(module, optimizer)
-    optimizer = accelerated.optimizer  # the torch optimizer, for the scheduler and state dicts
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: lr_multiplier(i, plan, s.min_lr_ratio))
-    return module, accelerated, optimizer, scheduler
-
-
-def _step(acc, module, accelerated, optimizer, scheduler, batches, s: ExtendSettings, world_size: int, flops):
-    """One optimizer step over `batches`; returns (loss, lr, grad norm, seconds of compute, non-padding tokens
-    and attention-score FLOPs of the step over all ranks (`longctx.extend.throughput`; None: not known))."""
-    import torch
-
-    from longctx.extend.loss import IGNORE_INDEX
-
-    counts = [0.0, 0.0, 0.0]  # predicted tokens, non-padding tokens, attention FLOPs
-    for b in batches:
-        tokens = b.pop("tokens")
-        # with context parallelism each sequence is one causal stream (positions replaced below)
-        pos = b["position_ids"] if s.cp_size == 1 else torch.arange(s.seq_len).expand_as(b["position_ids"])
-        counts[0] += int((b["shift_labels"] != IGNORE_INDEX).sum())
-        counts[1] += int(tokens.sum())
-        counts[2] += flops.attention_flops(pos, tokens) or 0.0
-    # Ranks of one context-parallel group read the same sequences: count them once.
-    totals = acc.reduce(torch.tensor(counts, dtype=torch.float64, device=acc.device), reduction="sum")
-    predicted, real_tokens, attention = (float(x) / s.cp_size for x in totals.tolist())
-    scale = world_size / max(predicted, 1.0)  # gradient reduction averages over all ranks
-    start = time.perf_counter()
-    loss_sum = torch.zeros((), device=acc.device)
-    for batch in batches:
-        batch = {k: v.to(acc.device) for k, v in batch.items()}
-        cp = contextlib.nullcontext()
-        if s.cp_size > 1:
-            pos = torch.arange(s.seq_len, device=acc.device).expand_as(batch["position_ids"]).contiguous()
-            batch["position_ids"] = pos
-            bufs = [batch["input_ids"], batch["position_ids"], batch["shift_labels"]]
-            cp = acc.maybe_context_parallel(buffers=bufs, buffer_seq_dims=[1, 1, 1], no_restore_buffers=set(bufs))
-        with cp:
-            part = module(**batch)
-            acc.backward(part * scale)
-        loss_sum += part.detach()
-    grad_norm = acc.clip_grad_norm_(module.parameters(), s.grad_clip if s.grad_clip > 0 else float("inf"))
-    accelerated.step()
-    lr = scheduler.get_last_lr()[0]
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    loss = float(acc.reduce(loss_sum.reshape(1), reduction="sum").item()) / max(predicted, 1.0)
-    if hasattr(grad_norm, "full_tensor"):
-        grad_norm = grad_norm.full_tensor()
-    return (loss, lr, float(grad_norm), time.perf_counter() - start, real_tokens,
-            attention if flops.layers is not None else None)
-
-
-def _append(log_file, entry: dict[str, Any], work: Path) -> None:
-    """One line of the training log, on disk before the next step (a failed write leaves at most a cut last line,
-    which `--resume` redoes)."""
-    try:
-        log_file.write(json.dumps(entry) + "\n")
-        log_file.flush()
-    except OSError as e:
-        raise SettingError(f"could not write step {entry['step']} to the training log {work / LOG_FILE} "
-                           f"({e.strerror or e}); the state saved last is kept in {work}: free space and rerun with "
-                           f"{ref('resume')}", ExtendSettings) from None
-
-
-def _train_steps(acc, parts, ds, s: ExtendSettings, plan: Plan, work: Path, start_step: int, progress: bool,
-                 flops, dtype: str) -> float:
+def _train_steps(acc, trainer: Trainer, *, ds, s: ExtendSettings, plan: Plan, work: Path, start_step: int,
+                 progress: bool, flops, dtype: str) -> float:
     """Steps start_step..plan.steps, logged per step and saved every `save_every`; returns the last loss.
     `flops` (`longctx.extend.throughput.ModelFlops`) and the compute `dtype` give the MFU."""
     from tqdm.auto import tqdm
 
-    module, accelerated, optimizer, scheduler = parts
-    peak = _peak(acc, s, plan, flops, dtype)
+    peak = peak_per_device(acc, s, plan, flops, dtype)
     dp_rank = acc.process_index // s.cp_size
     bar = tqdm(total=plan.steps, initial=start_step, unit="step", disable=not (progress and acc.is_main_process),
                dynamic_ncols=True)
@@ -318,30 +237,18 @@ def _train_steps(acc, parts, ds, s: ExtendSettings, plan: Plan, work: Path, star
     last_end = time.perf_counter()
     try:
         for step in range(start_step, plan.steps):
-            batches = _micro_batches(ds, step, plan, dp_rank)
-            loss, lr, grad_norm, compute_s, real, attention = _step(acc, module, accelerated, optimizer, scheduler,
-                                                                    batches, s, plan.world_size, flops)
-            seconds = time.perf_counter() - last_end
-            final_loss = loss
-            # MFU: useful (non-padding) tokens' model FLOPs over the step's wall time, over every device's peak
-            capacity = None if peak is None else peak * plan.world_size * seconds
-            mfu = None if capacity is None else flops.matmul_flops(real) / capacity
-            mfu_attention = None if mfu is None or attention is None else mfu + attention / capacity
-            padding = 1 - real / plan.tokens_per_step
-            entry = {"step": step + 1, "loss": round(loss, 6), "lr": lr, "grad_norm": round(grad_norm, 6),
-                     "tokens": (step + 1) * plan.tokens_per_step,
-                     "tokens_per_s": round(plan.tokens_per_step / seconds, 1), "seconds": round(seconds, 4),
-                     "compute_seconds": round(compute_s, 4), "padding": round(padding, 6),
-                     "mfu": None if mfu is None else round(mfu, 6),
-                     "mfu_attention": None if mfu_attention is None else round(mfu_attention, 6)}
+            result = train_step(acc, trainer, micro_batches(ds, step, plan, dp_rank), s, plan.world_size, flops)
+            final_loss = result.loss
+            entry = log_entry(step + 1, result, time.perf_counter() - last_end, plan, peak, flops)
             if log_file is not None:
-                _append(log_file, entry, work)
-            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{entry['tokens_per_s']:,.0f}", pad=f"{padding:.1%}",
-                            **({} if mfu is None else {"mfu": f"{mfu:.0%}"}), refresh=False)
+                append_log_line(log_file, entry, work)
+            bar.set_postfix(loss=f"{result.loss:.4f}", tok_s=f"{entry['tokens_per_s']:,.0f}",
+                            pad=f"{entry['padding']:.1%}",
+                            **({} if entry["mfu"] is None else {"mfu": f"{entry['mfu']:.0%}"}), refresh=False)
             bar.update(1)
             done = step + 1
             if done == plan.steps or (s.save_every and done % s.save_every == 0):
-                save_training_state(acc, module, optimizer, scheduler, work, done, plan)
+                save_training_state(acc, trainer.module, trainer.optimizer, trainer.scheduler, work, done, plan)
             last_end = time.perf_counter()
     finally:
         bar.close()
@@ -350,22 +257,7 @@ def _train_steps(acc, parts, ds, s: ExtendSettings, plan: Plan, work: Path, star
     return final_loss
 
 
-def _peak(acc, s: ExtendSettings, plan: Plan, flops, dtype: str) -> float | None:
-    """The peak FLOP/s per device MFU is taken against (None: unknown); says which, or why there is none."""
-    import torch
-
-    device_name = torch.cuda.get_device_name(acc.device) if acc.device.type == "cuda" else None
-    peak, source = peak_flops(s.peak_tflops, device_name, dtype)
-    if peak is None:
-        acc.print(f"MFU not reported: {source}")
-    else:
-        acc.print(f"MFU against {peak / 1e12:g} TFLOP/s per device x {plan.world_size} ({source}); model FLOPs "
-                  f"6 x {flops.params:,} parameters per non-padding token"
-                  f"{'' if flops.layers is None else ', mfu_attention adds attention scores'}")
-    return peak
-
-
-def _log_plan(log, s: ExtendSettings, plan: Plan, dtype: str, attn: str, attn_reason: str, acc, work: Path) -> None:
+def _log_plan(log, s: ExtendSettings, *, plan: Plan, dtype: str, attn: str, attn_reason: str, acc, work: Path) -> None:
     if s.cp_size > 1:
         log(f"note: {ExtendSettings.flag('cp_size')} {s.cp_size}: torch context parallelism supports only causal "
             "masks, so each sequence is one causal stream (positions 0..seq_len-1, no document masking); labels "
@@ -420,7 +312,7 @@ def _train(s: ExtendSettings, c: _Checked, world_size: int, cuda: bool, progress
         log(f"note: {note}")
     torch.manual_seed(s.seed)
     random.seed(s.seed)
-    _log_plan(log, s, plan, dtype, c.attn, c.attn_reason, acc, work)
+    _log_plan(log, s, plan=plan, dtype=dtype, attn=c.attn, attn_reason=c.attn_reason, acc=acc, work=work)
 
     with acc.main_process_first():
         ds = build_packed_dataset(s.data, tokenizer, s.seq_len, num_tokens=plan.total_tokens, short_specs=s.short_data,
@@ -428,24 +320,27 @@ def _train(s: ExtendSettings, c: _Checked, world_size: int, cuda: bool, progress
                                   cache_dir=Path(s.cache_dir) if s.cache_dir else cache_dir() / "data",
                                   workers=s.tokenize_workers or len(os.sched_getaffinity(0)), log=log)
     _start_work(acc, s, work, c, ds)
-    parts = _optimizer(make_training_module(lm, flatten_batch=c.attn == "flash_attention_2"), s, acc, plan)
+    trainer = make_trainer(make_training_module(lm, flatten_batch=c.attn == "flash_attention_2"), s, acc, plan)
     start_step = 0
     if c.resume.step_dir is not None:
-        start_step = load_training_state(acc, parts[0], parts[2], parts[3], c.resume.step_dir, c.resume.state, log)
+        start_step = load_training_state(acc, trainer.module, trainer.optimizer, trainer.scheduler, c.resume.step_dir,
+                                         c.resume.state, log)
         if acc.is_main_process:  # drop log lines of steps after the saved state (they will be redone)
             write_atomic(work / LOG_FILE, "".join(f"{line}\n" for line in c.resume.log))
     elif s.resume:
         log(f"{ExtendSettings.flag('resume')}: nothing saved in '{work}' yet; starting from step 0")
 
-    final_loss = _train_steps(acc, parts, ds, s, plan, work, start_step, progress, flops, dtype)
+    final_loss = _train_steps(acc, trainer, ds=ds, s=s, plan=plan, work=work, start_step=start_step, progress=progress,
+                              flops=flops, dtype=dtype)
     if start_step == plan.steps:
         log(f"the run in '{work}' had already finished all {plan.steps} steps; writing the output")
         final_loss = loads(c.resume.log[-1])["loss"]
     error = None
     try:
-        write_output(acc, parts[0], c.ckpt, c.new_cfg, s, plan, work,
-                     {"source_fingerprint": c.source_fp, "data_fingerprint": ds.fingerprint, "data_stats": ds.stats,
-                      "attention": c.attn, "attention_reason": c.attn_reason, "dtype": dtype})
+        write_output(acc, trainer.module, ckpt=c.ckpt, new_cfg=c.new_cfg, s=s, plan=plan, work=work,
+                     extra={"source_fingerprint": c.source_fp, "data_fingerprint": ds.fingerprint,
+                            "data_stats": ds.stats, "attention": c.attn, "attention_reason": c.attn_reason,
+                            "dtype": dtype})
     except OSError as e:
         error = s.error(f"could not write the output '{s.output}' ({e.strerror or e}); the trained state is kept "
                         f"in {work}: free space and rerun with {ref('resume')} to write the output")

@@ -51,7 +51,7 @@ def output_config(new_cfg: dict[str, Any], source: str = "config.json") -> dict[
     return {**new_cfg, "dtype": str(save_dtype(new_cfg, source)).removeprefix("torch.")}
 
 
-def write_output(acc, module, ckpt: Path, new_cfg: dict[str, Any], s: ExtendSettings, plan: Plan, work: Path,
+def write_output(acc, module, *, ckpt: Path, new_cfg: dict[str, Any], s: ExtendSettings, plan: Plan, work: Path,
                  extra: dict[str, Any]) -> None:
     """The output checkpoint (main process): gathered weights in the source's dtype, the source's config with
     only the RoPE base and length changed, its side files, the training log and provenance."""

@@ -197,7 +197,8 @@ def build_packed_dataset(specs: Sequence[str], tokenizer: Any, seq_len: int, *, 
     """Tokenize (once, cached, in `workers` processes) and pack `specs` (+ `short_specs` for `short_fraction` of
     the tokens) into `seq_len` sequences; see the module docstring. Call it on the main process first: the other
     ranks then open the finished cache."""
-    short_specs = _checked_arguments(specs, seq_len, num_tokens, short_specs, short_fraction, packing, workers, log)
+    short_specs = _checked_arguments(specs, seq_len=seq_len, num_tokens=num_tokens, short_specs=short_specs,
+                                     short_fraction=short_fraction, packing=packing, workers=workers, log=log)
     cache = Path(cache_dir)
     budget = -(-num_tokens // seq_len) * seq_len  # whole sequences
     short_budget = round(budget * short_fraction)
@@ -217,7 +218,8 @@ def build_packed_dataset(specs: Sequence[str], tokenizer: Any, seq_len: int, *, 
         stats = _cached_stats(plan_dir / "meta.json")
     else:
         with atomic_dir(plan_dir, keep_existing="meta.json") as tmp:
-            stats = _write_plan(tmp, pools, seq_len, seed, num_tokens, short_fraction, packing, log)
+            stats = _write_plan(tmp, pools, seq_len=seq_len, seed=seed, num_tokens=num_tokens,
+                                short_fraction=short_fraction, packing=packing, log=log)
             write_json(tmp / "meta.json", {"version": CACHE_VERSION, "fingerprint": fingerprint, "stats": stats},
                        indent=1)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -226,7 +228,7 @@ def build_packed_dataset(specs: Sequence[str], tokenizer: Any, seq_len: int, *, 
     return ds
 
 
-def _checked_arguments(specs: Sequence[str], seq_len: int, num_tokens: int, short_specs: Sequence[str],
+def _checked_arguments(specs: Sequence[str], *, seq_len: int, num_tokens: int, short_specs: Sequence[str],
                        short_fraction: float, packing: str, workers: int,
                        log: Callable[[str], None]) -> Sequence[str]:
     """InputError for an argument `build_packed_dataset` cannot use; the short data specs it uses (none, said,
@@ -291,7 +293,7 @@ def _synthetic_document_tokens(seq_len: int, short: bool) -> int:
     return max(synthetic.MIN_LENGTH, seq_len // 8 if short else seq_len - 1)
 
 
-def _write_plan(out: Path, pools: list[Pool], seq_len: int, seed: int, num_tokens: int,
+def _write_plan(out: Path, pools: list[Pool], *, seq_len: int, seed: int, num_tokens: int,
                 short_fraction: float, packing: str, log: Callable[[str], None]) -> dict[str, Any]:
     pieces = _pieces(pools, seq_len)
     log(f"packing {len(pieces['length']):,} document pieces into {seq_len:,}-token sequences ({packing})")

@@ -40,7 +40,7 @@ STATE_FILE = "state.json"
 SCHEDULER_FILE = "scheduler.pt"
 STEP_NAME = re.compile(r"step-(\d{6})")
 _STATE_KEYS = ("step", "cursor", "world_size", "sequences_per_step")
-PARAM_GROUPS = 2  # `longctx.extend.loop._optimizer`: weight decay, and none on norms and biases
+PARAM_GROUPS = 2  # `longctx.extend.steps.make_trainer`: weight decay, and none on norms and biases
 
 
 def step_dirs(work: Path) -> list[Path]:

@@ -257,7 +257,8 @@ def token_pool(specs: Sequence[str], tokenizer: Any, budget: int, *, seed: int, 
     started = time.perf_counter()
     tokenizing = _Workers(_encoder(tokenizer), tokenizer.eos_token_id, dtype, workers)
     try:
-        total = _write_tokens(final, specs, tokenizer, identity, budget, seed, length_tokens, tokenizing, dtype)
+        total = _write_tokens(final, specs, tokenizer=tokenizer, identity=identity, budget=budget, seed=seed,
+                              length_tokens=length_tokens, tokenizing=tokenizing, dtype=dtype)
     except BrokenProcessPool:
         raise SettingError(f"a tokenize worker process died (killed, or out of memory) while tokenizing "
                            f"{', '.join(specs)}; nothing was cached: rerun, with fewer {ref('tokenize_workers')} if "
@@ -269,8 +270,8 @@ def token_pool(specs: Sequence[str], tokenizer: Any, budget: int, *, seed: int, 
     return Pool(final, source_key, budget)
 
 
-def _write_tokens(final: Path, specs: Sequence[str], tokenizer: Any, identity: dict[str, Any], budget: int, seed: int,
-                  length_tokens: int | None, tokenizing: _Workers, dtype: np.dtype) -> int:
+def _write_tokens(final: Path, specs: Sequence[str], *, tokenizer: Any, identity: dict[str, Any], budget: int,
+                  seed: int, length_tokens: int | None, tokenizing: _Workers, dtype: np.dtype) -> int:
     """Read, tokenize and write one pool's cache directory; returns its token count."""
     streams = [_TokenStream(iter_documents(s, seed, length_tokens=length_tokens), tokenizing) for s in specs]
     taken = [0] * len(streams)

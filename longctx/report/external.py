@@ -117,7 +117,7 @@ def export_run(r: Results, fmt: str, out: Path) -> list[Path]:
     return files
 
 
-def _from_scores(name: str, source: str, path: Path, scores: dict[str, dict[int, float | None]],
+def _from_scores(name: str, source: str, *, path: Path, scores: dict[str, dict[int, float | None]],
                  nulls: dict[str, dict[int, int | None]], samples: dict[str, dict[int, int | None]],
                  lengths: list[int], per_length: dict[int, float | None] | None = None) -> Results:
     """A `Results` of point scores from another tool's file (no predictions, no intervals)."""
@@ -167,8 +167,8 @@ def read_lm_eval(path: Path) -> Results:
     args = str(config.get("model_args") or "")
     name = doc.get("model_name") or (re.search(r"pretrained=([^,]+)", args) or [None, None])[1] or path.stem
     # a group-only file (a published table) knows the per-length means and nothing else
-    return _from_scores(str(name), "lm-eval", path, scores, nulls, samples, lengths,
-                        {L: group.get(L) for L in lengths} if group and not scores else None)
+    return _from_scores(str(name), "lm-eval", path=path, scores=scores, nulls=nulls, samples=samples, lengths=lengths,
+                        per_length={L: group.get(L) for L in lengths} if group and not scores else None)
 
 
 def _read_summary(path: Path) -> tuple[dict[str, float | None], dict[str, int | None], dict[str, int | None]]:
@@ -208,7 +208,7 @@ def read_ruler(path: Path) -> Results:
     per = {L: _read_summary(found[L]) for L in lengths}
     tasks = list(dict.fromkeys(t for L in lengths for t in per[L][0]))
     cell = lambda i: {t: {L: per[L][i].get(t) for L in lengths} for t in tasks}
-    return _from_scores(path.name, "ruler", path, cell(0), cell(1), cell(2), lengths)
+    return _from_scores(path.name, "ruler", path=path, scores=cell(0), nulls=cell(1), samples=cell(2), lengths=lengths)
 
 
 def load_run(path: str | os.PathLike) -> tuple[Results, Path | None]:

@@ -195,9 +195,9 @@ def yarn_rope(rope: RopeSettings, ask: YarnAsk, whose: str = "checkpoint") -> tu
     return new, notes
 
 
-def apply_yarn(cfg: dict[str, Any], factor: float, original: int | None = None, rescale: bool = False,
+def apply_yarn(cfg: dict[str, Any], factor: float, *, original: int | None = None, rescale: bool = False,
                beta_fast: float | None = None, beta_slow: float | None = None, truncate: bool | None = None,
-               config_format: ConfigFormat | None = None, label: str = "config.json", *,
+               config_format: ConfigFormat | None = None, label: str = "config.json",
                trust_remote_code: bool = False, checkpoint: str | Path | None = None) -> ScaledConfig:
     """Static YaRN on a config: `{"rope_type": "yarn", "factor", "original_max_position_embeddings", "rope_theta"}`
     with max_position_embeddings = original × factor (see the module docstring).
@@ -332,10 +332,10 @@ def yarn_checkpoint(s: YarnSettings) -> YarnResult:
     src = checkpoint_dir(s.checkpoint)
     cfg = read_config(src)
     out = Path(s.output) if s.output is not None else default_output(src, s.factor)
-    trust = s.trust_remote_code
-    result = apply_yarn(cfg, s.factor, s.original_max_position_embeddings, s.rescale, s.beta_fast, s.beta_slow,
-                        s.truncate, s.config_format, label=str(out / "config.json"), trust_remote_code=trust,
-                        checkpoint=src)
+    result = apply_yarn(cfg, s.factor, original=s.original_max_position_embeddings, rescale=s.rescale,
+                        beta_fast=s.beta_fast, beta_slow=s.beta_slow, truncate=s.truncate,
+                        config_format=s.config_format, label=str(out / "config.json"),
+                        trust_remote_code=s.trust_remote_code, checkpoint=src)
     check_output(out, CHECKPOINT_KIND, inputs=[("input checkpoint", src)], overwrite=s.overwrite)
     args = {k: v for k, v in s.record().items() if k not in ("checkpoint", "output", "overwrite")}
     with atomic_dir(out, CHECKPOINT_KIND) as tmp:
@@ -343,7 +343,7 @@ def yarn_checkpoint(s: YarnSettings) -> YarnResult:
         write_json(tmp / "config.json", result.config)
         write_provenance(tmp, "yarn", args, src)
         # the file as written, before it is published
-        check_written_rope(tmp, result.expected, str(out / "config.json"), trust_remote_code=trust)
+        check_written_rope(tmp, result.expected, str(out / "config.json"), trust_remote_code=s.trust_remote_code)
     serve_new, serve_override = vllm_command_line(str(out), str(src), result.rope, result.layers)
     return YarnResult(out, config_changes(cfg, result.config), result.notes, result.rope.context_length,
                       vllm_settings(result.rope, result.layers), serve_new, serve_override)

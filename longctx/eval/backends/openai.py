@@ -14,7 +14,6 @@ for each read; a body over `MAX_MODELS_BYTES`/`MAX_COMPLETION_BYTES` is not read
 
 from __future__ import annotations
 
-import email.utils
 import math
 import os
 import threading
@@ -22,61 +21,32 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from longctx.core.errors import InputError, SettingError, ref
+from longctx.core.errors import InputError, SettingError, one_line, ref
 from longctx.core.kinds import Bool, Float, Int, Text, Url
 from longctx.core.parse import LimitError, loads
 from longctx.core.settings import setting
 from longctx.eval.backends import Backend, BackendContext, BackendOptions
 from longctx.eval.request import OnResult, Request
+from longctx.eval.retry import LONG_WAIT_S, MAX_RETRY_AFTER_S, retry_after
 
 if TYPE_CHECKING:  # httpx and the bounded transport are imported when a backend is made, not with its options
     import httpx
 
     from longctx.eval.endpoint import BoundedTransport
 
-# The longest `Retry-After` honoured: a server (or a proxy in front of it) asking for more would stall the run
-# with no sign of life; past this the request is retried anyway, and fails like any other when it is refused.
-MAX_RETRY_AFTER_S = 300.0
 # The longest wait for a TCP connection and for the `GET /models` probe: a server that is up answers both at
 # once, whatever the time one completion takes.
 CONNECT_TIMEOUT_S = 10.0
 # The longest `Retry-After` the `GET /models` probe waits for: a server asking for more is not ready, and the
 # run says so at once rather than sleep before anything has started.
 PROBE_MAX_WAIT_S = 10.0
-# A wait before retrying a completion at least this long is said (one line), not slept through silently.
-LONG_WAIT_S = 10.0
 # The largest bodies read: a model list is a few kB, a completion of RULER's budgets (<= 128 tokens, plus a
 # thinking budget) a few hundred kB at most.
 MAX_MODELS_BYTES = 1 << 20
 MAX_COMPLETION_BYTES = 16 << 20
-
-
-def retry_after(value: str | None, now: datetime | None = None, cap: float = MAX_RETRY_AFTER_S) -> float | None:
-    """The seconds a `Retry-After` header asks to wait (RFC 9110 §10.2.3: delay-seconds or an HTTP-date),
-    at most `cap`; None when there is no header or it says neither."""
-    if value is None or not value.strip():
-        return None
-    value = value.strip()
-    if value.isdigit():
-        seconds = float(value)
-    else:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        if when.tzinfo is None:  # an HTTP-date is always GMT; "-0000" parses to a naive datetime
-            when = when.replace(tzinfo=timezone.utc)
-        seconds = (when - (now or datetime.now(timezone.utc))).total_seconds()
-    return min(max(seconds, 0.0), cap)
-
-
-def _one_line(text: str, limit: int = 300) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _mib(n: int) -> str:
@@ -103,8 +73,8 @@ def _detail(reply: _Reply) -> str:
         err = doc.get("error")
         for said in (err.get("message") if isinstance(err, dict) else err, doc.get("message"), doc.get("detail")):
             if isinstance(said, str) and said.strip():
-                return _one_line(said)
-    return _one_line(reply.body[:4096].decode("utf-8", errors="replace")) or "no detail"
+                return one_line(said)
+    return one_line(reply.body[:4096].decode("utf-8", errors="replace")) or "no detail"
 
 
 class _GaveUp(Exception):
@@ -239,7 +209,7 @@ class OpenAIBackend(Backend):
             return f"ConnectTimeout: no connection within {min(CONNECT_TIMEOUT_S, timeout):g} s"
         if isinstance(e, httpx.TimeoutException):
             return f"{type(e).__name__}: no response within {timeout:g} s"
-        text = self.endpoint.scrub(_one_line(str(e)))
+        text = self.endpoint.scrub(one_line(str(e)))
         return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
     def _exchange(self, method: str, path: str, body: dict | None, timeout: float, max_bytes: int,
@@ -264,7 +234,7 @@ class OpenAIBackend(Backend):
         except httpx.TransportError as e:
             raise _NoAnswer(self._failure(e, timeout)) from e
 
-    def _send(self, method: str, path: str, attempts: int, what: str, max_bytes: int, body: dict | None = None,
+    def _send(self, method: str, path: str, *, attempts: int, what: str, max_bytes: int, body: dict | None = None,
               timeout: float | None = None, stop: threading.Event | None = None,
               patience: float = math.inf) -> _Reply:
         """The first answer to `method path` that is not a transient failure (HTTP 429 or 5xx, no connection,
@@ -288,12 +258,12 @@ class OpenAIBackend(Backend):
                 asked = retry_after(raw, cap=math.inf)
                 if asked is not None and asked > patience:
                     raise InputError(f"endpoint {self.base_url} answered {what} with {last} and asked to retry in "
-                                     f"{asked:g} s (Retry-After: {_one_line(raw, 40)}), longer than the {patience:g} s "
+                                     f"{asked:g} s (Retry-After: {one_line(raw, 40)}), longer than the {patience:g} s "
                                      "this check waits; rerun when the server is ready") from None
                 pause = pause if asked is None else min(asked, MAX_RETRY_AFTER_S)
             if attempt + 1 < attempts:
                 if pause >= LONG_WAIT_S and self.log is not None:
-                    self.log(f"note: endpoint {self.base_url} answered {what} with {_one_line(last, 80)}; retrying in "
+                    self.log(f"note: endpoint {self.base_url} answered {what} with {one_line(last, 80)}; retrying in "
                              f"{pause:g} s" + (f" (it asked {asked:g} s; at most {MAX_RETRY_AFTER_S:g} are waited)"
                                                if asked is not None and asked > pause else ""))
                 if stop is None:
@@ -337,7 +307,7 @@ class OpenAIBackend(Backend):
             return
         what = "GET /models"
         try:
-            reply = self._send("GET", "/models", self.connect_attempts, what, MAX_MODELS_BYTES,
+            reply = self._send("GET", "/models", attempts=self.connect_attempts, what=what, max_bytes=MAX_MODELS_BYTES,
                                timeout=min(CONNECT_TIMEOUT_S, self.timeout), patience=PROBE_MAX_WAIT_S)
         except _GaveUp as e:
             raise _refusal(f"endpoint {self.base_url} is unreachable after {self.connect_attempts} attempts ({e}); "
@@ -396,7 +366,8 @@ class OpenAIBackend(Backend):
         attempts = self.retries + 1
         what = "a completion request"
         try:
-            reply = self._send("POST", "/completions", attempts, what, MAX_COMPLETION_BYTES, body, stop=stop)
+            reply = self._send("POST", "/completions", attempts=attempts, what=what, max_bytes=MAX_COMPLETION_BYTES,
+                               body=body, stop=stop)
         except _GaveUp as e:
             raise InputError(f"endpoint {self.base_url} failed {attempts} time{'s' if attempts > 1 else ''} ({e}); "
                              "the predictions made so far are kept: rerun the same command to continue") from None
