@@ -28,9 +28,13 @@ from longctx.core.files import check_output, make_output, open_atomic, write_jso
 from longctx.core.hashing import hash_json, sha256_file, tokenizer_fingerprint
 from longctx.core.parse import loads
 from ruler_tasks.constants import UPSTREAM_COMMIT
+from ruler_tasks.counting import TokenCounter
+from ruler_tasks.data import load_source, resolve_sources
 from ruler_tasks.errors import RulerInputError
+from ruler_tasks.punkt import PUNKT_SHA256
 from ruler_tasks.registry import TaskSpec, resolve_tasks
 from ruler_tasks.templates import TEMPLATE_NAMES, model_template
+from ruler_tasks.words import wonderwords_version
 
 MANIFEST = "manifest.json"
 FORMAT = "longctx-ruler-tasks/1"
@@ -227,8 +231,6 @@ def prepare(
     (`longctx.core.files.check_output`): a folder of other files is refused, one this function wrote (a `ruler
     tasks` output, or an older one with its manifest) is reused and updated.
     """
-    from ruler_tasks.data import resolve_sources
-
     specs = resolve_tasks(tasks)
     lengths = _validate(list(lengths) if not isinstance(lengths, int) else lengths, samples, seed, template, specs)
     needed = list(dict.fromkeys(n for s in specs for n in s.needs))
@@ -276,7 +278,6 @@ def _write_tasks(i: _Inputs, out: Path, request: str, origins: dict[str, str], p
     """The task files of `i` in `out` (locked by the caller): the manifest's own when it answered this very
     `request` and every file is intact, else each reused or generated; the data each needs loaded and checked
     first."""
-    from ruler_tasks.data import load_source
     from ruler_tasks.qa import check_samples
 
     rels = [f"{L}/{s.name}.jsonl" for L in i.lengths for s in i.specs]
@@ -306,8 +307,6 @@ def _write_tasks(i: _Inputs, out: Path, request: str, origins: dict[str, str], p
 def _request(fp: str, *, lengths: list[int], specs: list[TaskSpec], samples: int, seed: int, template: str,
              words_sha: str | None, sources: tuple, mtemplate, thinking: bool | None) -> str:
     """The hash of a whole request: the manifest that answered it answers it again while its files are intact."""
-    from ruler_tasks.words import wonderwords_version
-
     asked = {"tokenizer": fp, "lengths": lengths, "tasks": [(s.name, s.version) for s in specs],
              "samples": samples, "seed": seed, "template": template, "english_words": words_sha,
              "sources": _stat(sources), "wonderwords": wonderwords_version()}
@@ -338,9 +337,6 @@ def _first_missing(path: Path) -> Path | None:
 def _generate(i: _Inputs, *, data: dict[str, Any], out: Path, manifest: dict, progress: bool) -> PrepareResult:
     """Every (length, task) file: reused when its key and sha256 match, else generated."""
     from ruler_tasks._common import GenContext
-    from ruler_tasks.counting import TokenCounter
-    from ruler_tasks.punkt import PUNKT_SHA256
-    from ruler_tasks.words import wonderwords_version
 
     counter = TokenCounter(i.tok)
     files = manifest.setdefault("files", {})

@@ -4,6 +4,7 @@ recipe run on them (`recipes/tiny-cpu-quick.yaml`, the ~3-minute variant of `tin
 import hashlib
 import json
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -50,10 +51,14 @@ def test_shipped_checkpoints_are_the_pretrain_recipes_bf16_models():
 
 @pytest.mark.slow
 def test_quick_demo_recipe_runs_on_the_shipped_checkpoints(tmp_path, vllm_engines):
-    """`longctx run recipes/tiny-cpu-quick.yaml`, exactly as a user runs it (own process, real vLLM)."""
+    """`longctx run recipes/tiny-cpu-quick.yaml` as a user runs it (own process, real vLLM), but with each vLLM
+    engine core in the run's process: the same model code and scheduler, without the ~30 s an engine process takes
+    to start on 2 cores (the engine process itself is what the tests of engine failures, kills and `vllm serve`
+    start)."""
     vllm_engines.close()  # one engine at a time on this machine
     out = tmp_path / "run"
-    env = {**user_environment(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    env = {**user_environment(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"),
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     r = subprocess.run([sys.executable, "-m", "longctx", "run", str(ROOT / "recipes" / "tiny-cpu-quick.yaml"),
                         "-o", str(out)], capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -67,22 +72,26 @@ def test_quick_demo_recipe_runs_on_the_shipped_checkpoints(tmp_path, vllm_engine
 
 
 @pytest.mark.slow
-def test_answer_loss_shows_what_the_shipped_models_can_do(tmp_path):
+def test_answer_loss_shows_what_the_shipped_models_can_do(tmp_path, capsys, monkeypatch):
     """`scripts/answer_loss.py` on niah_single_1 at 1k, as checkpoints/README.md quotes it: both models copy a
     needle's later digits (their digit embeddings stay apart), the gated one also looks its first digit up
-    and the baseline only guesses it."""
+    and the baseline only guesses it. The commands run in this process (`runpy`, the CLI's own entry point):
+    what they print is what a shell would show, without paying torch's import three times."""
+    from click.testing import CliRunner
+
+    from longctx.cli.main import cli
+
     tasks = tmp_path / "tasks"
-    prep = subprocess.run([sys.executable, "-m", "longctx", "ruler", "prepare", "--tokenizer",
-                           str(CHECKPOINTS / "tiny-gated"), "--lengths", "1k", "--tasks", "niah_single_1",
-                           "--samples", "10", "-o", str(tasks)], capture_output=True, text=True)
-    assert prep.returncode == 0, prep.stderr[-2000:]
+    prep = CliRunner().invoke(cli, ["ruler", "prepare", "--tokenizer", str(CHECKPOINTS / "tiny-gated"), "--lengths",
+                                    "1k", "--tasks", "niah_single_1", "--samples", "10", "-o", str(tasks)])
+    assert prep.exit_code == 0, prep.output
     losses, cosines = {}, {}
     for m in ("baseline", "gated"):
-        r = subprocess.run([sys.executable, str(ROOT / "scripts" / "answer_loss.py"), str(CHECKPOINTS / f"tiny-{m}"),
-                            str(tasks / "1024" / "niah_single_1.jsonl"), "--samples", "10"],
-                           capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr[-2000:]
-        cosine_line, line = r.stdout.strip().splitlines()[-2:]
+        monkeypatch.setattr(sys, "argv", ["answer_loss.py", str(CHECKPOINTS / f"tiny-{m}"),
+                                          str(tasks / "1024" / "niah_single_1.jsonl"), "--samples", "10"])
+        capsys.readouterr()
+        runpy.run_path(str(ROOT / "scripts" / "answer_loss.py"), run_name="__main__")
+        cosine_line, line = capsys.readouterr().out.strip().splitlines()[-2:]
         cosines[m] = float(cosine_line.split("between digits ")[1].split(",")[0])
         first = float(line.split("first answer token ")[1].split(" nats")[0])
         later = float(line.split("later tokens ")[1].split(" nats")[0])

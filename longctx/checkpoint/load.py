@@ -13,8 +13,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from longctx.checkpoint.weights import safetensors_shapes
 from longctx.core.errors import InputError, SettingError, exception_line, ref
 from longctx.core.files import json_object
+from longctx.core.kinds import Bool
+from longctx.core.settings import setting
 
 TRUST_REMOTE_CODE_HELP = ("Run the Python code a checkpoint ships (config.json auto_map) to build its config, "
                           "model or tokenizer; read that code first. Off: such a checkpoint is refused.")
@@ -23,9 +26,6 @@ TRUST_REMOTE_CODE_HELP = ("Run the Python code a checkpoint ships (config.json a
 def trust_remote_code_setting() -> Any:
     """The `trust_remote_code` setting every verb that builds a model, config or tokenizer has (off by default,
     as in transformers and vLLM; recorded with the verb's other settings)."""
-    from longctx.core.kinds import Bool
-    from longctx.core.settings import setting
-
     return setting(False, Bool(), TRUST_REMOTE_CODE_HELP)
 
 
@@ -118,7 +118,6 @@ def check_weight_shapes(path: str | os.PathLike, config: Any, trust_remote_code:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from longctx.checkpoint.weights import safetensors_shapes
 
     stored = safetensors_shapes(path)
     if not stored:

@@ -22,6 +22,7 @@ from typing import Any
 from longctx.checkpoint.hub import hf_home, hub_cache, offline_variable
 from longctx.core.errors import InputError
 from longctx.core.parse import LimitError, loads
+from longctx.data import synthetic
 
 TEXT_SUFFIXES = (".txt", ".md")
 JSON_SUFFIXES = (".jsonl", ".json")
@@ -222,8 +223,6 @@ def _first_line(e: Exception) -> str:
 def _raw_documents(spec: str, seed: int, length_tokens: int | None) -> Iterator[str]:
     kind, arg = _parse_spec(spec)
     if kind == "synthetic":
-        from longctx.data import synthetic
-
         yield from synthetic.documents(arg, seed, length_tokens=length_tokens)
     elif kind == "hf":
         yield from _hf_documents(*arg)
@@ -250,8 +249,6 @@ def check_data_specs(specs: Sequence[str], offline: bool = True) -> None:
     for spec in specs:
         kind, arg = _parse_spec(spec)
         if kind == "synthetic":
-            from longctx.data import synthetic
-
             if arg not in synthetic.KINDS:
                 raise InputError(f"unknown synthetic data '{arg}' in '{spec}'; "
                                  f"choose one of {', '.join(synthetic.KINDS)}")
@@ -277,8 +274,6 @@ def source_identity(spec: str, seed: int, length_tokens: int | None) -> str:
     synthetic kind, seed, length and generator source."""
     kind, arg = _parse_spec(spec)
     if kind == "synthetic":
-        from longctx.data import synthetic
-
         code = synthetic.code_hash()
         return f"synthetic:{arg}:seed={seed}:length_tokens={length_tokens}:code={code}"
     if kind == "hf":

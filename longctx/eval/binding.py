@@ -26,6 +26,7 @@ from longctx.core.errors import InputError, SettingError, ref
 from longctx.core.files import RULER_RUN_KIND, link_or_copy, make_temp_dir, mark_output, output_kind, write_json
 from longctx.core.locks import OutputLock
 from longctx.core.parse import loads
+from longctx.core.secrets import redact_url
 from longctx.eval.backends import option_users
 
 RUN_FILE = "run.json"
@@ -76,8 +77,6 @@ def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 def _url(value: Any) -> Any:
     """A bound URL as a message may show it: redacted (run.json files written before URLs were redacted
     hold them as given, credentials included)."""
-    from longctx.core.secrets import redact_url
-
     return redact_url(value) if isinstance(value, str) else value
 
 

@@ -23,6 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from longctx.checkpoint.describe import model_info, sliding_note
+from longctx.checkpoint.directory import checkpoint_dir, fingerprint, read_config, versions
+from longctx.checkpoint.rope import read_rope
+from longctx.checkpoint.rope_settings import check_context
+from longctx.checkpoint.tokenizer import special_tokens_added
 from longctx.core.errors import InputError, SettingError, ref
 from longctx.core.files import check_apart, json_object, write_json
 from longctx.core.hashing import hash_json, tokenizer_fingerprint
@@ -33,7 +38,12 @@ from longctx.eval.predictions import PredictionWriter, TaskLine, prompt_hash, re
 from longctx.eval.request import Request
 from longctx.eval.scoring import score_predictions
 from longctx.eval.settings import RulerRunSettings
+from longctx.eval.tasks import load_task_tokenizer
 from longctx.eval.thinking import THINK_END, answer_after_thinking
+from ruler_tasks.constants import UPSTREAM_COMMIT
+from ruler_tasks.prepare import prepare
+from ruler_tasks.registry import resolve_tasks
+from ruler_tasks.templates import model_template
 
 SCORES_FORMAT = "longctx-ruler-scores/1"
 
@@ -248,14 +258,6 @@ def _open_run(s: RulerRunSettings, engine, progress: bool, say: Callable[[str], 
     staged and moved into the run directory. Every refusal comes before anything is written to the run
     directory or printed: the new task files and run.json are made in a staging folder and moved in once the
     checks that need them have passed."""
-    from longctx.checkpoint.directory import checkpoint_dir, fingerprint, read_config
-    from longctx.checkpoint.rope import read_rope
-    from longctx.checkpoint.rope_settings import check_context
-    from longctx.checkpoint.tokenizer import special_tokens_added
-    from longctx.eval.tasks import load_task_tokenizer
-    from ruler_tasks.registry import resolve_tasks
-    from ruler_tasks.templates import model_template
-
     s.check_inputs()  # what the machine has (a device, the installed engine's arguments), as a recipe checks it
     ckpt = checkpoint_dir(s.checkpoint)
     rope = read_rope(read_config(ckpt))
@@ -289,9 +291,6 @@ def _stage_run(s: RulerRunSettings, ckpt: Path, *, fp: str, tok, specs, bk, room
     """The run directory bound to this run (refused when it is bound to another), its task files made in a
     staging folder and checked against the engine's room (`room`: the tokens a sample needs beyond its length,
     what they are, the engine's max_model_len), then moved in with run.json."""
-    from longctx.checkpoint.describe import model_info
-    from ruler_tasks.prepare import prepare
-
     out, lengths = Path(s.output), s.lengths
     extra, why, max_model_len = room
     binding = {"fingerprint": fp, "tokenizer": tokenizer_fingerprint(tok), "seed": s.seed,
@@ -321,8 +320,6 @@ def _predict_and_score(s: RulerRunSettings, r: _OpenRun, progress: bool,
                        on_prediction: Callable[[dict], None] | None, say: Callable[[str], None],
                        t_start: float) -> RunOutcome:
     """Every missing prediction made, then every (task, length) scored into scores.json."""
-    from longctx.checkpoint.describe import sliding_note
-
     out, lengths, specs, bk = r.out, r.lengths, r.specs, r.bk
     say(f"lengths: {', '.join(map(str, lengths))}")
     note = sliding_note(r.run["model"]["name"], r.run["model"].get("sliding_window"), lengths)
@@ -363,9 +360,6 @@ def _predict_and_score(s: RulerRunSettings, r: _OpenRun, progress: bool,
 def _scores(s: RulerRunSettings, r: _OpenRun, rows: list[dict[str, Any]], ran: Any,
             timings: dict[str, Any]) -> dict[str, Any]:
     """The content of scores.json."""
-    from longctx.checkpoint.directory import versions
-    from ruler_tasks.constants import UPSTREAM_COMMIT
-
     task_set = hash_json({**{k: r.binding[k] for k in ("tokenizer", "seed", "samples", "template")},
                           "files": {rel: r.run["files"][rel] for rel in r.files}})
     sampling = SAMPLING if not s.think_tokens else {

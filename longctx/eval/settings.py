@@ -19,6 +19,8 @@ from longctx.eval.backends import (
     registry,
     registry_problems,
 )
+from ruler_tasks.errors import RulerInputError
+from ruler_tasks.registry import resolve_tasks
 from ruler_tasks.templates import TEMPLATE_NAMES
 
 
@@ -45,9 +47,6 @@ class RulerTaskSettings(Settings):
     hotpotqa: str | None = setting(None, Source(), "HotpotQA dev-distractor (for qa_2): a file or hf:<dataset id>.")
 
     def check(self) -> None:
-        from ruler_tasks.errors import RulerInputError
-        from ruler_tasks.registry import resolve_tasks
-
         try:
             specs = resolve_tasks(self.tasks)
         except RulerInputError as e:

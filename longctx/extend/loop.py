@@ -26,19 +26,35 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from longctx.checkpoint.describe import checkpoint_name, sliding_note
+from longctx.checkpoint.directory import checkpoint_dir, fingerprint, read_config
+from longctx.checkpoint.load import model_config, sliding_window
+from longctx.checkpoint.rope import check_written_rope, read_rope, set_rope_base
+from longctx.checkpoint.rope_layers import read_rope_layers, set_rope_base_layers
+from longctx.checkpoint.rotary import reach_notes
+from longctx.checkpoint.tokenizer import load_tokenizer, require_tokenizer_files
 from longctx.core.errors import InputError, ref
 from longctx.core.files import (
     CHECKPOINT_KIND,
+    cache_dir,
     check_output,
     make_output,
     output_kind,
     remove_output,
+    temp_prefix,
     write_atomic,
     write_json,
 )
 from longctx.core.locks import OutputLock
 from longctx.core.parse import loads
 from longctx.core.processes import is_main_process
+from longctx.extend.model import (
+    attention_implementation,
+    fsdp_plugin,
+    load_training_model,
+    make_accelerator,
+    make_training_module,
+)
 from longctx.extend.output import LOG_FILE, output_config, write_output
 from longctx.extend.plan import Plan, check_parallelism, resolve_plan
 from longctx.extend.resume import SETTINGS_FILE, WORK_KIND, Resume, check_work, record, work_dir
@@ -101,8 +117,6 @@ def _check_location(out: Path, work: Path) -> None:
     """InputError for an output whose folders could not be made where it is: a work folder that is a symbolic link
     (a resume would read, an --overwrite delete, another folder), a name too long for the temporary folder the
     output is written in."""
-    from longctx.core.files import temp_prefix
-
     if work.is_symlink():
         raise InputError(f"work folder '{work}' is a symbolic link (to {os.readlink(work)}); longctx keeps a run's "
                          "state in a folder of its own beside the output: remove the link or choose another -o")
@@ -141,14 +155,6 @@ def _validate(s: ExtendSettings, world_size: int, cuda: bool, held: contextlib.E
     """Check what the settings alone cannot (the checkpoint, the launch, the output and the config it will get)
     before anything is written, the output locked from its check on (`held` releases it); returns (checkpoint
     dir, new config, notes)."""
-    from longctx.checkpoint.describe import checkpoint_name, sliding_note
-    from longctx.checkpoint.directory import checkpoint_dir, read_config
-    from longctx.checkpoint.load import model_config, sliding_window
-    from longctx.checkpoint.rope import check_written_rope, read_rope, set_rope_base
-    from longctx.checkpoint.rope_layers import read_rope_layers, set_rope_base_layers
-    from longctx.checkpoint.rotary import reach_notes
-    from longctx.checkpoint.tokenizer import require_tokenizer_files
-
     if s.checkpoint is None or s.output is None:
         raise InputError("extend needs a checkpoint and an output directory")
     s.check_inputs()
@@ -183,9 +189,6 @@ def _validate(s: ExtendSettings, world_size: int, cuda: bool, held: contextlib.E
 def _check_before_work(s: ExtendSettings, world_size: int, cuda: bool, held: contextlib.ExitStack) -> _Checked:
     """Every check that needs no model: the settings, checkpoint and output (`_validate`), the plan, the
     attention, and the work folder a resume continues (`longctx.extend.resume.check_work`)."""
-    from longctx.checkpoint.directory import fingerprint
-    from longctx.extend.model import attention_implementation
-
     ckpt, new_cfg, notes = _validate(s, world_size, cuda, held)
     plan = resolve_plan(s, world_size)
     attn, attn_reason = attention_implementation(s.attention, cuda, s.cp_size)  # refused before the weights are hashed
@@ -296,9 +299,6 @@ def _train(s: ExtendSettings, c: _Checked, world_size: int, cuda: bool, progress
            started: float) -> ExtendResult:
     import torch
 
-    from longctx.checkpoint.tokenizer import load_tokenizer
-    from longctx.core.files import cache_dir
-    from longctx.extend.model import fsdp_plugin, load_training_model, make_accelerator, make_training_module
     from longctx.extend.packing import build_packed_dataset
 
     plan, work = c.plan, work_dir(s.output)

@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from longctx.checkpoint.load import load_model
+from longctx.core.errors import SettingError, ref
 from longctx.extend.settings import ExtendSettings
 
 
@@ -87,8 +89,6 @@ def attention_implementation(choice: str, cuda: bool, cp_size: int) -> tuple[str
     neither of them dense; SDPA gets a materialised seq_len x seq_len boolean mask per sequence, which also
     rules out its flash kernel. Raises SettingError for a choice that cannot run here.
     """
-    from longctx.core.errors import SettingError, ref
-
     def fail(text: str) -> SettingError:
         return SettingError(text, ExtendSettings)
 
@@ -135,8 +135,6 @@ def load_training_model(ckpt: Path, new_cfg: dict[str, Any], attn: str, gradient
                         trust_remote_code: bool = False):
     """The checkpoint's model with the new RoPE config, in fp32 master weights (bf16 is autocast with one
     process, FSDP2 mixed precision with many), in training mode."""
-    from longctx.checkpoint.load import load_model
-
     lm = load_model(ckpt, dtype="float32", attn_implementation=attn, config=new_cfg,
                     trust_remote_code=trust_remote_code)
     if gradient_checkpointing:

@@ -7,9 +7,15 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from longctx.checkpoint.directory import copy_side_files, write_provenance
+from longctx.checkpoint.load import model_config
+from longctx.checkpoint.rope import check_written_rope
+from longctx.checkpoint.rope_layers import asked_rope
 from longctx.core.errors import InputError
+from longctx.core.files import CHECKPOINT_KIND, atomic_dir, write_json
 from longctx.extend.plan import Plan
 from longctx.extend.settings import ExtendSettings
+from longctx.extend.state import write_failure
 
 MAX_SHARD_SIZE = "5GB"  # explicit: transformers 4.x and 5.x defaults differ
 LOG_FILE = "train_log.jsonl"
@@ -55,13 +61,6 @@ def write_output(acc, module, *, ckpt: Path, new_cfg: dict[str, Any], s: ExtendS
                  extra: dict[str, Any]) -> None:
     """The output checkpoint (main process): gathered weights in the source's dtype, the source's config with
     only the RoPE base and length changed, its side files, the training log and provenance."""
-    from longctx.checkpoint.directory import copy_side_files, write_provenance
-    from longctx.checkpoint.load import model_config
-    from longctx.checkpoint.rope import check_written_rope
-    from longctx.checkpoint.rope_layers import asked_rope
-    from longctx.core.files import CHECKPOINT_KIND, atomic_dir, write_json
-    from longctx.extend.state import write_failure
-
     sd = _full_state_dict(acc, module)
     if not acc.is_main_process:
         return

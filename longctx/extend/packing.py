@@ -36,6 +36,8 @@ import torch
 from longctx.core.errors import InputError
 from longctx.core.files import atomic_dir, write_json
 from longctx.core.hashing import hash_json
+from longctx.core.parse import loads
+from longctx.data import synthetic
 from longctx.data.sources import check_data_specs
 from longctx.extend.loss import IGNORE_INDEX
 from longctx.extend.settings import PACKING_MODES
@@ -273,8 +275,6 @@ def _log_packed(sequences: int, stats: dict[str, Any], seq_len: int, num_tokens:
 
 def _cached_stats(meta: Path) -> dict[str, Any]:
     """The stats a packed plan's meta.json records, or InputError for a damaged file."""
-    from longctx.core.parse import loads
-
     try:
         stats = loads(meta.read_bytes())["stats"]
         if not all(isinstance(stats[k], (int, float)) for k in ("documents", "tokens", "short_token_fraction",
@@ -288,8 +288,6 @@ def _cached_stats(meta: Path) -> dict[str, Any]:
 def _synthetic_document_tokens(seq_len: int, short: bool) -> int:
     """Target length of synthetic documents: a long one fills one sequence with room for the EOS;
     a short one is an eighth of it, so short documents fill the gaps long ones leave."""
-    from longctx.data import synthetic
-
     return max(synthetic.MIN_LENGTH, seq_len // 8 if short else seq_len - 1)
 
 

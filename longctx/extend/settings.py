@@ -8,6 +8,7 @@ from longctx.checkpoint.load import trust_remote_code_setting
 from longctx.core.errors import InputError, ref
 from longctx.core.kinds import Bool, Choice, Count, Float, Int, Length, LocalPath, Number, Specs, Text
 from longctx.core.settings import REQUIRED, Settings, setting
+from longctx.data.sources import check_data_specs
 
 # split: documents fill every sequence, cut where a sequence ends (longctx.extend.packing); whole: first-fit
 PACKING_MODES = ("split", "whole")
@@ -85,8 +86,6 @@ class ExtendSettings(Settings):
                              "short documents to mix in)")
 
     def check_inputs(self, offline_data: bool = True) -> None:
-        from longctx.data.sources import check_data_specs
-
         for name in ("data", "short_data"):
             try:
                 check_data_specs(getattr(self, name), offline_data)

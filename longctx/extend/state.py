@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from longctx.core.errors import SettingError, ref
+from longctx.core.failures import os_error_of
 from longctx.core.files import publish_dir, write_json
+from longctx.core.parse import loads
 from longctx.extend.dcp import (
     DCP_DIR,
     check_inside,
@@ -125,8 +127,6 @@ def _check_scheduler(work: Path, path: Path, step: int, plan: Plan, s: ExtendSet
 
 
 def _read_state(work: Path, path: Path) -> dict[str, int]:
-    from longctx.core.parse import loads
-
     try:
         state = loads(path.read_bytes(), max_bytes=1 << 16)
     except FileNotFoundError:
@@ -197,8 +197,6 @@ def write_failure(e: BaseException, where: Path) -> OSError | None:
     `e` is or carries (`longctx.core.failures.os_error_of`: a safetensors error quotes Rust's), the one in a
     CheckpointException (dcp.save wraps each rank's), or ENOSPC when torch's zip writer failed (a RuntimeError,
     "unexpected pos", without the errno) on a disk now full; None when the disk is not the reason."""
-    from longctx.core.failures import os_error_of
-
     if (found := os_error_of(e)) is not None:
         return found
     for exc, _ in (getattr(e, "failures", None) or {}).values():

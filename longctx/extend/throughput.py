@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from longctx.checkpoint.load import sliding_window
 from longctx.extend.settings import ExtendSettings
 
 # Peak dense (no sparsity) bf16 tensor-core TFLOP/s of one device, from the vendors' datasheets (the
@@ -125,8 +126,6 @@ def matmul_params(lm) -> int:
 
 def model_flops(lm) -> ModelFlops:
     """The FLOP counts of `lm` (call before FSDP shards its parameters)."""
-    from longctx.checkpoint.load import sliding_window
-
     config: Any = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
     layers, heads = getattr(config, "num_hidden_layers", None), getattr(config, "num_attention_heads", None)
     head_dim = getattr(config, "head_dim", None)

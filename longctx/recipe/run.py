@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from longctx.checkpoint.directory import fingerprint
 from longctx.checkpoint.hub import cached_file, download_command, parse_hub_id
 from longctx.core.clock import utc_timestamp
 from longctx.core.errors import InputError, SettingError, ref
@@ -90,8 +91,6 @@ def _fetchable(path: Path) -> bool:
 def _input_fingerprint(path: Path) -> str:
     """A checkpoint's fingerprint; for a RULER run directory, a hash of its result files; for a Hub id not
     downloaded yet, the id."""
-    from longctx.checkpoint.directory import fingerprint
-
     local = _local_input(path)
     if local is None:
         return hash_json({"hub": str(path)})

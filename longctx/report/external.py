@@ -26,9 +26,19 @@ from typing import Any
 
 from longctx.core.clock import utc_timestamp
 from longctx.core.errors import InputError, ref
-from longctx.core.files import write_atomic
+from longctx.core.files import check_apart, check_output, file_in_the_way, make_output, write_atomic
+from longctx.core.locks import OutputLock, check_link
 from longctx.core.parse import loads
-from longctx.report.results import RESULTS_FORMAT, THRESHOLD, Results, aggregate, per_length_means
+from longctx.report.results import (
+    RESULTS_FILE,
+    RESULTS_FORMAT,
+    THRESHOLD,
+    Results,
+    aggregate,
+    load_results,
+    per_length_means,
+)
+from ruler_tasks.registry import TASKS
 
 GROUP = "ruler"
 # longctx's task names (RULER's synthetic.yaml) -> lm-eval's
@@ -121,8 +131,6 @@ def _from_scores(name: str, source: str, *, path: Path, scores: dict[str, dict[i
                  nulls: dict[str, dict[int, int | None]], samples: dict[str, dict[int, int | None]],
                  lengths: list[int], per_length: dict[int, float | None] | None = None) -> Results:
     """A `Results` of point scores from another tool's file (no predictions, no intervals)."""
-    from ruler_tasks.registry import TASKS
-
     tasks = list(scores)
     per_length = per_length if per_length is not None else per_length_means(scores, lengths, tasks)
     return Results(format=RESULTS_FORMAT, model={"name": name, "path": str(path), "source": source},
@@ -215,8 +223,6 @@ def load_run(path: str | os.PathLike) -> tuple[Results, Path | None]:
     """A run to compare and, when it is a longctx run directory, that directory (its predictions give intervals
     and paired differences): a longctx run directory (results.json), an lm-eval results file, or a folder of
     RULER summary.csv files."""
-    from longctx.report.results import RESULTS_FILE, load_results
-
     p = Path(path)
     if p.is_dir() and (p / RESULTS_FILE).is_file():
         return load_results(p), p
@@ -234,10 +240,6 @@ def export(s) -> list[Path]:
     """`longctx export` (`s`: ExportSettings): the run's results in another tool's format; refusals before any
     file is written. The output (a file, or a folder of summary.csv files) is locked while it is written, and
     never is (nor holds, nor lies in) the run it is made from."""
-    from longctx.core.files import check_apart, check_output, file_in_the_way, make_output
-    from longctx.core.locks import OutputLock, check_link
-    from longctx.report.results import RESULTS_FILE, load_results
-
     run, out = Path(s.run), Path(s.output)
     results = load_results(run)
     if s.format != "lm-eval":

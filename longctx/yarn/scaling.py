@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from longctx.checkpoint.directory import checkpoint_dir, copy_side_files, read_config, write_provenance
 from longctx.checkpoint.rope import (
     KNOWN_ROPE_TYPES,
     LONGROPE_FORM_KEYS,
@@ -36,6 +37,7 @@ from longctx.checkpoint.rope import (
 from longctx.checkpoint.rope_layers import LayerRopes, built_config, read_rope_layers, write_rope_layers
 from longctx.checkpoint.rotary import BuiltRope, prose, reach_notes
 from longctx.core.errors import InputError, SettingError, ref
+from longctx.core.files import CHECKPOINT_KIND, atomic_dir, check_output, write_json
 from longctx.yarn.settings import YarnSettings, default_output
 
 # Keys `longctx yarn` does not carry over from an old YaRN: transformers' `attention_factor` replaces the attention
@@ -321,14 +323,6 @@ class YarnResult:
 def yarn_checkpoint(s: YarnSettings) -> YarnResult:
     """Write a YaRN-scaled copy of `s.checkpoint` (weights hard-linked or copied unchanged, tokenizer and
     generation config copied, provenance in longctx.json), atomically."""
-    from longctx.checkpoint.directory import (
-        checkpoint_dir,
-        copy_side_files,
-        read_config,
-        write_provenance,
-    )
-    from longctx.core.files import CHECKPOINT_KIND, atomic_dir, check_output, write_json
-
     src = checkpoint_dir(s.checkpoint)
     cfg = read_config(src)
     out = Path(s.output) if s.output is not None else default_output(src, s.factor)

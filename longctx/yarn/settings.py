@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from longctx.checkpoint.describe import checkpoint_name
+from longctx.checkpoint.hub import hub_origin, resolve_checkpoint
 from longctx.checkpoint.load import trust_remote_code_setting
 from longctx.core.kinds import Bool, Choice, Factor, Float, Length, LocalPath, Text
 from longctx.core.settings import REQUIRED, Settings, setting
@@ -42,7 +44,6 @@ class YarnSettings(Settings):
         the verb itself says why)."""
         if self.output is not None or self.checkpoint is None:
             return self.output
-        from longctx.checkpoint.hub import resolve_checkpoint
 
         try:
             return str(default_output(resolve_checkpoint(self.checkpoint), self.factor))
@@ -53,8 +54,5 @@ class YarnSettings(Settings):
 def default_output(src: Path, factor: float) -> Path:
     """Where `yarn` writes without -o: beside the source, or (a Hub snapshot, inside the Hub cache) in the
     current directory, as `<name>-yarn<factor>x`."""
-    from longctx.checkpoint.describe import checkpoint_name
-    from longctx.checkpoint.hub import hub_origin
-
     beside = Path.cwd() if hub_origin(src) else src.parent
     return beside / f"{checkpoint_name(src)}-yarn{factor:g}x"

@@ -38,6 +38,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, ClassVar
 
+from longctx.checkpoint.directory import require_weights
+from longctx.checkpoint.load import check_weight_shapes, model_config
 from longctx.core.errors import InputError
 from longctx.core.kinds import Choice
 from longctx.core.settings import Settings, setting
@@ -228,8 +230,6 @@ def _check_weights(cls: type[Backend], backend: Backend, context: BackendContext
     after it."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    from longctx.checkpoint.directory import require_weights
-    from longctx.checkpoint.load import check_weight_shapes, model_config
 
     if cls.loads_weights:
         require_weights(Path(context.checkpoint_dir), context.checkpoint)

@@ -7,6 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from longctx.checkpoint.load import check_device, load_model, model_config
+from longctx.checkpoint.tokenizer import load_tokenizer
 from longctx.core.errors import InputError
 from longctx.core.kinds import Text
 from longctx.core.settings import setting
@@ -20,8 +22,6 @@ class HfOptions(BackendOptions):
     device: str | None = setting(None, Text(), "hf: torch device [default: cuda when available].")
 
     def check_inputs(self, offline_data: bool = True) -> None:
-        from longctx.checkpoint.load import check_device
-
         # what the machine has, like a file: checked when a recipe loads, not when its ruler stage starts
         check_device(self.device)
 
@@ -59,7 +59,6 @@ class HfBackend(Backend):
         loads; float32 when it names none) and the device it runs on."""
         import torch
 
-        from longctx.checkpoint.load import model_config
 
         dtype = self.dtype
         if dtype == "auto":
@@ -73,16 +72,12 @@ class HfBackend(Backend):
     def check(self) -> None:
         """Refuse, before anything is generated, a device torch does not have and a config transformers cannot
         build."""
-        from longctx.checkpoint.load import check_device, model_config
-
         check_device(self.device)
         model_config(self.checkpoint, trust_remote_code=self.trust_remote_code)
 
     def _load(self) -> None:
         import torch
 
-        from longctx.checkpoint.load import load_model
-        from longctx.checkpoint.tokenizer import load_tokenizer
 
         device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.tok = self.tok or load_tokenizer(self.checkpoint, self.trust_remote_code)

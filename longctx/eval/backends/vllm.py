@@ -14,10 +14,14 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from longctx.checkpoint.load import model_config
 from longctx.core.errors import InputError, SettingError, ref
+from longctx.core.files import cache_dir
 from longctx.core.kinds import Bool, Count, Float, Int, Overrides
+from longctx.core.processes import children_bound
 from longctx.core.settings import setting
 from longctx.eval.backends import Backend, BackendContext, BackendOptions, device_info, dtype_setting
+from longctx.eval.engine_args import binding_args, typed_engine_args
 from longctx.eval.request import OnResult, Request
 from longctx.eval.vllm_engine import (
     ENGINE_LOG,
@@ -55,8 +59,6 @@ class VllmOptions(BackendOptions):
         """`engine_args` with every value of the type vLLM gives it (`longctx.eval.engine_args`; imports vLLM).
         A refusal is a `SettingError` that names settings of `ruler run` beyond these options (`lengths`,
         `trust_remote_code`): its owner is left to the settings it is checked for."""
-        from longctx.eval.engine_args import typed_engine_args
-
         if not self.engine_args:
             return {}
         return typed_engine_args(self.engine_args)
@@ -129,7 +131,6 @@ class VllmBackend(Backend):
                 with contextlib.suppress(Exception), output_to(Path(os.devnull)):  # vLLM's import prints
                     from vllm.config.model import _get_and_verify_dtype
 
-                    from longctx.checkpoint.load import model_config
 
                     config = model_config(self.checkpoint,
                                           trust_remote_code=self.kwargs.get("trust_remote_code", False))
@@ -141,8 +142,6 @@ class VllmBackend(Backend):
     def binding(self) -> dict[str, Any]:
         """The options that can change a prediction (a run directory is bound to them): the dtype as the engine
         resolves it, the parallel sizes and the engine arguments that change what the model computes."""
-        from longctx.eval.engine_args import binding_args
-
         bound = {"dtype": self.dtype(), "tensor_parallel_size": self.kwargs["tensor_parallel_size"],
                  "data_parallel_size": self.kwargs.get("data_parallel_size", 1)}
         engine_args = binding_args(self.engine_args)
@@ -151,14 +150,10 @@ class VllmBackend(Backend):
     def check(self) -> None:
         """Refuse, before an engine starts, a config transformers cannot build (vLLM parses config.json with
         AutoConfig too, and says so in ~200 lines)."""
-        from longctx.checkpoint.load import model_config
-
         if self.llm is None:
             model_config(self.checkpoint, trust_remote_code=self.kwargs.get("trust_remote_code", False))
 
     def _log_path(self) -> Path:
-        from longctx.core.files import cache_dir
-
         if self.log_dir is not None:
             return self.log_dir / ENGINE_LOG
         return cache_dir() / "logs" / f"vllm-engine-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
@@ -166,8 +161,6 @@ class VllmBackend(Backend):
     def _start(self):
         """`vllm.LLM(...)`, imported and started with its output (~200 lines when it fails) in a log file; a
         failure is one line that names the cause and the file."""
-        from longctx.core.processes import children_bound
-
         log = self.log = self._log_path()
         try:
             with output_to(log):
