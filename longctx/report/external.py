@@ -16,9 +16,8 @@ published lm-eval or RULER result sits beside a longctx run.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -38,6 +37,8 @@ from longctx.report.results import (
     load_results,
     per_length_means,
 )
+from longctx.report.ruler_files import read_summary, ruler_files, summary_files, upstream_order
+from longctx.report.samples import sample_answers
 from ruler_tasks.registry import TASKS
 
 GROUP = "ruler"
@@ -49,6 +50,7 @@ NOTE = ("scores follow NVIDIA RULER's metrics (scripts/eval/synthetic/constants.
         "sample when any reference is in the prediction; lm-eval's ruler tasks average the matched fraction "
         "instead, so its own string_match_part numbers can be lower")
 _KEY = re.compile(r"^(\d+),none$")
+_STDERR = re.compile(r"^(\d+)_stderr,none$")
 
 
 def _lm_eval_name(task: str) -> str:
@@ -98,32 +100,21 @@ def lm_eval_json(r: Results) -> dict[str, Any]:
             "longctx": {"note": NOTE, "upstream": r.get("upstream"), "fingerprint": model.get("fingerprint")}}
 
 
-def ruler_summaries(r: Results) -> dict[int, str]:
-    """length -> RULER's summary.csv text for that length (the tasks scored there, in the run's order)."""
-    out = {}
-    for L in r["lengths"]:
-        tasks = [t for t in r["tasks"] if r["scores"][t].get(L) is not None]
-        if not tasks:
-            continue
-        rows = [["Tasks", *tasks], ["Score", *[r["scores"][t][L] for t in tasks]],
-                ["Nulls", *[f"{r['nulls'][t][L] or 0}/{r['samples'][t][L] or 0}" for t in tasks]]]
-        buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
-        w.writerow(range(len(tasks) + 1))  # pandas' header: the column numbers
-        w.writerows(rows)
-        out[L] = buf.getvalue()
-    return out
-
-
-def export_run(r: Results, fmt: str, out: Path) -> list[Path]:
-    """Write `r` in format `fmt` to `out` (lm-eval: a JSON file; ruler: a folder of <length>/summary.csv)."""
+def export_run(r: Results, fmt: str, out: Path, run_dir: Path | None = None) -> list[Path]:
+    """Write `r` in format `fmt` to `out` (lm-eval: a JSON file; ruler: a folder of <length>/ files, the
+    predictions of `run_dir` giving each length's submission.csv)."""
     if fmt == "lm-eval":
         write_atomic(out, json.dumps(lm_eval_json(r), indent=2) + "\n")
         return [out]
+
+    def answers(task: str, length: int) -> list[str] | None:
+        found = None if run_dir is None else sample_answers(run_dir, task, length, r["samples"][task][length] or 0)
+        return None if found is None else found.preds
+
     files = []
-    for L, text in ruler_summaries(r).items():
-        (out / str(L)).mkdir(parents=True, exist_ok=True)
-        files.append(write_atomic(out / str(L) / "summary.csv", text))
+    for rel, text in ruler_files(r, answers).items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        files.append(write_atomic(out / rel, text))
     return files
 
 
@@ -140,6 +131,30 @@ def _from_scores(name: str, source: str, *, path: Path, scores: dict[str, dict[i
                    seeds={}, versions={}, task_versions={}, timings={}, created=utc_timestamp())
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _lm_eval_cells(path: Path, name: str, entry: dict[str, Any]) -> dict[int, float | None]:
+    """length -> score 0-100 of one task (or group) of an lm-eval results file; None where lm-eval wrote -1 (its
+    ruler tasks' "no samples at this length", `common_utils.aggregate_metrics`). InputError for any other value
+    that is not a score 0-1, and for a standard error that is neither a number >= 0 nor "N/A"."""
+    cells: dict[int, float | None] = {}
+    for key, v in entry.items():
+        if (m := _KEY.match(key)) is not None:
+            if _number(v) and v == -1:
+                cells[int(m.group(1))] = None
+            elif _number(v) and 0 <= v <= 1:
+                cells[int(m.group(1))] = round(v * 100, 2)
+            else:
+                raise InputError(f"'{path}': results.{name}[\"{key}\"] is {json.dumps(v)}; expected a score from 0 "
+                                 "to 1, or -1 (lm-eval's \"no samples at this length\")")
+        elif _STDERR.match(key) and not (v == "N/A" or (_number(v) and v >= 0)):
+            raise InputError(f"'{path}': results.{name}[\"{key}\"] is {json.dumps(v)}; expected a standard error "
+                             ">= 0 or \"N/A\"")
+    return cells
+
+
 def read_lm_eval(path: Path) -> Results:
     try:
         doc = loads(path.read_text(encoding="utf-8"))
@@ -152,15 +167,15 @@ def read_lm_eval(path: Path) -> Results:
     group: dict[int, float | None] = {}
     for name, entry in results.items():
         if not isinstance(entry, dict):
-            continue
-        cells = {int(m.group(1)): v * 100 for k, v in entry.items()
-                 if (m := _KEY.match(k)) and isinstance(v, (int, float)) and not isinstance(v, bool)}
+            raise InputError(f"'{path}': results.{name} is {type(entry).__name__}; expected an object of "
+                             "'<metric>,<filter>' values")
+        cells = _lm_eval_cells(path, name, entry)
         if not cells:
             continue
         if name == GROUP:
-            group = {L: round(v, 2) for L, v in cells.items()}
+            group = cells
         else:
-            scores[_FROM_LM_EVAL.get(name, name)] = {L: round(v, 2) for L, v in cells.items()}
+            scores[_FROM_LM_EVAL.get(name, name)] = cells
     if not scores and not group:
         raise InputError(f"'{path}' has no RULER scores (no '<length>,none' entries under 'results')")
     lengths = sorted({L for cells in scores.values() for L in cells} | set(group))
@@ -179,44 +194,26 @@ def read_lm_eval(path: Path) -> Results:
                         per_length={L: group.get(L) for L in lengths} if group and not scores else None)
 
 
-def _read_summary(path: Path) -> tuple[dict[str, float | None], dict[str, int | None], dict[str, int | None]]:
-    try:
-        rows = list(csv.reader(io.StringIO(path.read_text(encoding="utf-8"))))
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"cannot read '{path}' ({e.__class__.__name__})") from None
-    by_name = {row[0]: row[1:] for row in rows if row}
-    if "Tasks" not in by_name or "Score" not in by_name:
-        raise InputError(f"'{path}' is not a RULER summary.csv (it has no 'Tasks' and 'Score' rows)")
-    tasks, values = by_name["Tasks"], by_name["Score"]
-    null_cells = by_name.get("Nulls", [""] * len(tasks))
-    scores, nulls, samples = {}, {}, {}
-    for t, v, nl in zip(tasks, values, null_cells):
-        try:
-            scores[t] = round(float(v), 2)
-        except ValueError:
-            raise InputError(f"'{path}': the score of {t} is not a number ({v!r})") from None
-        k, _, m = nl.partition("/")
-        nulls[t] = int(k) if k.isdigit() else None
-        samples[t] = int(m) if m.isdigit() else None
-    return scores, nulls, samples
-
-
 def read_ruler(path: Path) -> Results:
-    """A folder of `<length>/summary.csv` (or RULER's `<length>/pred/summary.csv`)."""
+    """A folder of `<length>/` folders of RULER summaries (`longctx.report.ruler_files.summary_files`)."""
     found = {}
     for child in path.iterdir() if path.is_dir() else []:
         if child.is_dir() and child.name.isdigit():
-            for f in (child / "summary.csv", child / "pred" / "summary.csv"):
-                if f.is_file():
-                    found[int(child.name)] = f
-                    break
+            files = summary_files(child)
+            if len(files) > 1:
+                raise InputError(f"'{child}' holds {len(files)} RULER summaries ({', '.join(f.name for f in files)}); "
+                                 "keep the one to compare")
+            if files:
+                found[int(child.name)] = files[0]
     if not found:
-        raise InputError(f"'{path}' holds no RULER results (<length>/summary.csv or <length>/pred/summary.csv)")
+        raise InputError(f"'{path}' holds no RULER results (<length>/summary.csv or summary-<task>.csv, in it or "
+                         "in its pred/)")
     lengths = sorted(found)
-    per = {L: _read_summary(found[L]) for L in lengths}
-    tasks = list(dict.fromkeys(t for L in lengths for t in per[L][0]))
-    cell = lambda i: {t: {L: per[L][i].get(t) for L in lengths} for t in tasks}
-    return _from_scores(path.name, "ruler", path=path, scores=cell(0), nulls=cell(1), samples=cell(2), lengths=lengths)
+    per = {L: read_summary(found[L]) for L in lengths}
+    tasks = upstream_order(list(dict.fromkeys(t for L in lengths for t in per[L].scores)))
+    cell = lambda field: {t: {L: getattr(per[L], field).get(t) for L in lengths} for t in tasks}
+    return _from_scores(path.name, "ruler", path=path, scores=cell("scores"), nulls=cell("nulls"),
+                        samples=cell("samples"), lengths=lengths)
 
 
 def load_run(path: str | os.PathLike) -> tuple[Results, Path | None]:
@@ -245,7 +242,7 @@ def export(s) -> list[Path]:
     if s.format != "lm-eval":
         with check_output(out, EXPORT_KIND, inputs=[("run", run)]):
             make_output(out, EXPORT_KIND)
-            return export_run(results, s.format, out)
+            return export_run(results, s.format, out, run)
     check_link(out, "-o")
     if out.is_dir():
         raise InputError(f"-o '{out}' is a folder; lm-eval results are one JSON file: give a file path")
