@@ -145,3 +145,11 @@ def test_an_lm_eval_value_out_of_range_or_not_a_number_is_refused(tmp_path, entr
     with pytest.raises(InputError) as e:
         load_run(f)
     assert str(e.value).startswith(f"'{f}': results.ruler_vt[") and message in str(e.value)
+
+
+def test_the_fixture_is_what_its_checksums_say():
+    import hashlib
+
+    for line in (FIXTURE / "SHA256SUMS").read_text().splitlines():
+        digest, name = line.split("  ")
+        assert hashlib.sha256((FIXTURE / name).read_bytes()).hexdigest() == digest, name
