@@ -31,7 +31,7 @@ def test_lm_eval_export_is_lm_evals_results_shape_and_reads_back(tmp_path):
     assert doc["results"]["ruler_vt"]["4096,none"] == 0.9 and doc["results"]["ruler_qa_squad"]["8192,none"] == 0.4125
     assert doc["results"]["ruler"]["8192,none"] == 0.6042  # the run's per-length mean, 60.42
     assert doc["group_subtasks"] == {"ruler": ["niah_single_1", "ruler_vt", "ruler_qa_squad"]}
-    assert doc["n-samples"]["ruler_vt"] == {"original": 10, "effective": 10}
+    assert doc["n-samples"]["ruler_vt"] == {"original": 20, "effective": 20}  # lm-eval's: over all lengths
     assert doc["longctx"]["note"] == NOTE and "any reference" in NOTE
     back, run_dir = load_run(out)
     assert run_dir is None and back["model"]["name"] == "tiny" and back["model"]["source"] == "lm-eval"

@@ -153,3 +153,29 @@ def test_the_fixture_is_what_its_checksums_say():
     for line in (FIXTURE / "SHA256SUMS").read_text().splitlines():
         digest, name = line.split("  ")
         assert hashlib.sha256((FIXTURE / name).read_bytes()).hexdigest() == digest, name
+
+
+LM_EVAL = Path(__file__).parent / "data" / "lm_eval"
+
+
+def test_compare_reads_what_real_lm_eval_wrote():
+    """Files real lm-eval (tests/data/lm_eval/VERSION) wrote for its ruler tasks: two lengths of two documents
+    each (n-samples counts all four), and `--limit 2`, where the 8192 metric is not written at all."""
+    both, _ = load_run(LM_EVAL / "results-two-lengths.json")
+    assert both["model"]["source"] == "lm-eval" and both["tasks"] == ["niah_single_1", "vt"]
+    assert both["scores"] == {"niah_single_1": {4096: 0.0, 8192: 0.0}, "vt": {4096: 0.0, 8192: 0.0}}
+    assert both["samples"]["vt"] == {4096: 2, 8192: 2}
+    limited, _ = load_run(LM_EVAL / "results-limit-2.json")
+    assert limited["lengths"] == [4096] and limited["samples"]["niah_single_1"] == {4096: 2}
+    # the per-sample files mark the length a document is not of with -1, as the results do for a length without one
+    rows = [json.loads(line) for line in (LM_EVAL / "samples-ruler_vt.jsonl").read_text().splitlines()]
+    assert [(r["doc_id"], r["4096"], r.get("8192")) for r in rows] == [(0, 0.0, None), (1, 0.0, None),
+                                                                      (500, -1.0, 0.0), (501, -1.0, 0.0)]
+
+
+def test_the_lm_eval_fixture_is_what_its_checksums_say():
+    import hashlib
+
+    for line in (LM_EVAL / "SHA256SUMS").read_text().splitlines():
+        digest, name = line.split("  ")
+        assert hashlib.sha256((LM_EVAL / name).read_bytes()).hexdigest() == digest, name

@@ -78,9 +78,10 @@ def lm_eval_json(r: Results) -> dict[str, Any]:
             entry[f"{L},none"] = _unit(r["scores"][t][L])
             entry[f"{L}_stderr,none"] = _unit(cell["se"]) if cell else "N/A"
         results[name] = entry
-        counts = [n for n in r["samples"][t].values() if n]
-        if counts:
-            samples[name] = {"original": max(counts), "effective": max(counts)}
+        # lm-eval counts the documents of every length together (`n-samples`, `sample_len`)
+        total = sum(n for L, n in r["samples"][t].items() if n and r["scores"][t].get(L) is not None)
+        if total:
+            samples[name] = {"original": total, "effective": total}
     group: dict[str, Any] = {"alias": GROUP}
     for L in r["lengths"]:
         if r["per_length"].get(L) is None:
@@ -155,6 +156,18 @@ def _lm_eval_cells(path: Path, name: str, entry: dict[str, Any]) -> dict[int, fl
     return cells
 
 
+def _per_length_samples(doc: dict[str, Any], task: str, cells: dict[int, float | None]) -> dict[int, int | None]:
+    """The samples behind each score of `task`. lm-eval's `n-samples` counts the documents evaluated over all
+    lengths (its ruler tasks make the same number per length, 500): split evenly over the scored lengths, and
+    unknown (None) where they do not divide evenly (a `--limit` that stopped inside a length)."""
+    counts = doc.get("n-samples") if isinstance(doc.get("n-samples"), dict) else {}
+    entry = counts.get(LM_EVAL_NAMES.get(task, task))
+    effective = entry.get("effective") if isinstance(entry, dict) else None
+    scored = [L for L, v in cells.items() if v is not None]
+    each = effective // len(scored) if _number(effective) and scored and effective % len(scored) == 0 else None
+    return {L: each if v is not None else None for L, v in cells.items()}
+
+
 def read_lm_eval(path: Path) -> Results:
     try:
         doc = loads(path.read_text(encoding="utf-8"))
@@ -182,9 +195,7 @@ def read_lm_eval(path: Path) -> Results:
     for cells in scores.values():
         for L in lengths:
             cells.setdefault(L, None)
-    n = doc.get("n-samples") if isinstance(doc.get("n-samples"), dict) else {}
-    counts = {t: (n.get(LM_EVAL_NAMES.get(t, t)) or {}).get("effective") for t in scores}
-    samples = {t: {L: counts[t] if scores[t][L] is not None else None for L in lengths} for t in scores}
+    samples = {t: _per_length_samples(doc, t, scores[t]) for t in scores}
     nulls = {t: {L: None for L in lengths} for t in scores}
     config = doc.get("config") if isinstance(doc.get("config"), dict) else {}
     args = str(config.get("model_args") or "")
