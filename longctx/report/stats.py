@@ -12,7 +12,8 @@ uncertainty comes from the samples: each task's samples are a draw from that tas
   (the pairs resampled together) and a two-sided sign-flip permutation p-value (under "no difference" each
   paired difference is as likely to have either sign): exact over all 2^n sign patterns when at most
   `EXACT_FLIPS` differences are non-zero, else `FLIPS` random patterns with p = (1 + hits) / (1 + FLIPS).
-  For 0/1 tasks (string_match_part) this is the exact McNemar test on the discordant pairs.
+  Each difference enters with its weight in the score, so for 0/1 tasks this is the exact McNemar test on the
+  discordant pairs only when every pair has the same weight (one length, as many pairs in every task).
   A difference is significant when its interval excludes 0 and (paired) p < 0.05.
 """
 
