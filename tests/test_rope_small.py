@@ -53,7 +53,8 @@ def _engine_processes(pid: int) -> list:
 
 def test_the_cause_of_a_failure_while_generating_is_what_the_log_got_since_it_began(tmp_path):
     """The engine's log holds its start too: an exception line from before generation began is not the cause of a
-    failure during it; with none since, how its processes ended is."""
+    failure during it; with none since, how its processes ended is, and a process killed by a signal is its own
+    cause."""
     from longctx.eval.vllm_engine import engine_error
 
     log = tmp_path / "vllm-engine.log"
@@ -65,8 +66,14 @@ def test_the_cause_of_a_failure_while_generating_is_what_the_log_got_since_it_be
     with log.open("a") as f:
         f.write("(EngineCore pid=7) ERROR 12-02 10:00:00 [core.py:1] Traceback (most recent call last):\n"
                 "(EngineCore pid=7) ERROR 12-02 10:00:00 [core.py:1] RuntimeError: CUDA error: illegal memory access\n")
-    assert engine_error(log, dead, since, killed) == "RuntimeError: CUDA error: illegal memory access"
+    exited = "its process EngineCore ended with exit code 1"
+    assert engine_error(log, dead, since, exited) == "RuntimeError: CUDA error: illegal memory access"
     assert engine_error(log, RuntimeError("out of memory"), since, killed) == "RuntimeError: out of memory"
+    # a process killed by a signal wrote nothing: an exception the client's threads logged as it shut down is not
+    # the cause
+    with log.open("a") as f:
+        f.write("BrokenPipeError: [Errno 32] Broken pipe\n")
+    assert engine_error(log, dead, since, killed) == killed
 
 
 @pytest.mark.slow
@@ -105,7 +112,7 @@ def test_an_engine_that_dies_while_generating_is_one_line_and_keeps_the_predicti
     assert "Traceback" not in stdout + stderr
     assert stderr.count("\n") == 1 and stderr.startswith("Error: "), stderr[-3000:]
     assert f"the vLLM engine for {ckpt} stopped while generating (" in stderr
-    assert "SIGKILL" in stderr
+    assert "SIGKILL" in stderr, stderr
     assert stderr.endswith(f"full output in {log}\n"), stderr
     made = [json.loads(line) for line in pred.read_text().splitlines()]
     assert 1 <= len(made) < 40 and all(set(m) >= {"index", "pred", "prompt_sha256"} for m in made)

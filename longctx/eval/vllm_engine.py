@@ -132,13 +132,16 @@ def _last_exception(log: Path | None, since: int = 0) -> str | None:
 
 
 def engine_error(log: Path | None, e: BaseException, since: int = 0, ended: str | None = None) -> str:
-    """What made the engine fail, in one line: `e` itself when it says (it was raised in this process), else the
-    last exception line the engine's processes wrote to `log` after byte `since`, else `ended` (how its processes
-    ended), else `e`'s type."""
+    """What made the engine fail, in one line: `e` itself when it says (it was raised in this process), else
+    `ended` when a process was killed by a signal, else the last exception line the engine's processes wrote to
+    `log` after byte `since`, else `ended` (how its processes ended), else `e`'s type."""
     own = one_line(str(e), limit=10**6)
     found = None
     if not own or _is_generic(own):
-        found = _last_exception(log, since) or ended
+        # a process killed by a signal wrote nothing about it: what is in the log then came from another process
+        # (the client's threads as it shut down), so how it ended comes first
+        killed = ended if ended is not None and " was killed by " in ended else None
+        found = killed or _last_exception(log, since) or ended
     return one_line(found or (f"{type(e).__name__}: {own}" if own else type(e).__name__))
 
 
