@@ -100,8 +100,11 @@ def test_a_run_against_itself_is_zero_and_not_significant(runs, tmp_path):
     assert c.names == ["m1 (b)", "m1 (b-copy)"]
     e = c.differences["baseline"]["m1 (b-copy)"]
     for d in (e["per_length"][1024], e["overall"]):
-        assert (d["mean"], d["lo"], d["hi"], d["p"], d["significant"], d["paired"]) == (0, 0, 0, 1, False, True)
-    assert "| m1 (b-copy) | +0.00 [+0.00, +0.00] p=1 ns | +0.00 [+0.00, +0.00] p=1 ns |" in c.markdown
+        assert (d["mean"], d["p"], d["significant"], d["paired"]) == (0, 1, False, True)
+        # 4 samples a run: the interval says how little they tell, never a point
+        assert d["lo"] < 0 < d["hi"] and d["lo"] == -d["hi"]
+    cell = f"+0.00 [{-d['hi']:+.2f}, {d['hi']:+.2f}] p=1 ns"
+    assert f"| m1 (b-copy) | {cell} | {cell} |" in c.markdown
     assert "ns: not significant (the interval spans 0, or p >= 0.05)" in c.markdown
 
 
@@ -109,7 +112,9 @@ def test_other_prompts_fall_back_to_unpaired_and_no_predictions_to_points(runs, 
     c = compare([runs["c"]], baseline=runs["b"])  # task seed 7 vs 42: the prompt hashes differ
     e = c.differences["baseline"]["m0"]
     d = e["per_length"][1024]
-    assert e["method"] == "unpaired" and not d["paired"] and d["p"] is None and e["overall"]["paired"] is False
+    assert e["method"] == "unpaired" and not d["paired"] and e["overall"]["paired"] is False
+    # the test reassigns each task's samples between the runs
+    assert 0 < d["p"] <= 1 and d["p"] == e["overall"]["p"]
     b, cr = load_results(runs["b"]), load_results(runs["c"])
     assert d["mean"] == pytest.approx(cr["scores"]["vt"][1024] - b["scores"]["vt"][1024], abs=1e-6)
     assert any("m0 vs m1: different prompts at vt 1K" in n and "unpaired" in n for n in c.notes)
@@ -142,6 +147,17 @@ def test_intervals_are_the_runs_own_or_recomputed_for_the_shared_tasks(runs):
     assert c.intervals["m0"] == {L: cr["intervals"]["per_length"][L] for L in (1024, 2048)}
 
 
+def test_an_older_results_json_interval_is_recomputed(runs, tmp_path):
+    # written before intervals named their method: a percentile bootstrap that may be a point
+    old = shutil.copytree(runs["b"], tmp_path / "old")
+    doc = json.loads((old / "results.json").read_text())
+    doc["intervals"]["per_length"]["1024"] = {"se": 0.0, "lo": 50.0, "hi": 50.0}
+    (old / "results.json").write_text(json.dumps(doc))
+    c = compare([runs["a"], old], intervals=True)
+    assert c.intervals["m1"][1024] == load_results(runs["b"])["intervals"]["per_length"][1024]
+    assert c.intervals["m1"][1024]["method"] in (stats.KORN_GRAUBARD, stats.BETA_BOUND)
+
+
 def test_table5_layout_with_a_declared_parent(runs):
     b, cr = load_results(runs["b"]), load_results(runs["c"])
     parent_1k, child_1k, child_2k = b["scores"]["vt"][1024], cr["scores"]["vt"][1024], cr["scores"]["vt"][2048]
@@ -159,7 +175,7 @@ def test_table5_layout_with_a_declared_parent(runs):
     # the parent difference has its statistics, unpaired (other prompts), over the one length both have
     scores = [[[run_samples(runs[r], load_results(runs[r]))["vt"][1024].scores]] for r in ("c", "b")]
     d = stats.unpaired_difference(*scores)
-    cell = f"{d.mean:+.2f} [{d.lo:+.2f}, {d.hi:+.2f}] unpaired" + ("" if d.significant else " ns")
+    cell = f"{d.mean:+.2f} [{d.lo:+.2f}, {d.hi:+.2f}] p={d.p:.2g} unpaired" + ("" if d.significant else " ns")
     assert f"### Paired differences vs parent\n\n| Run | Parent | 1K | Overall |\n| --- | --- | --- | --- |\n" \
            f"| m0 | m1 | {cell} | {cell} |" in c.markdown
     assert "Avg." not in c.markdown and "Δ" not in c.markdown

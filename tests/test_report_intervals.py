@@ -53,7 +53,8 @@ def test_a_real_run_has_an_interval_for_every_cell_and_length(tiny_run, tmp_path
     cells = run_samples(d, r)
     for t in r["tasks"]:
         b, score = iv["scores"][t][1024], r["scores"][t][1024]
-        assert set(b) == {"se", "lo", "hi"} and 0 <= b["lo"] <= score <= b["hi"] <= 100 and b["se"] >= 0
+        assert set(b) == {"se", "lo", "hi", "method"} and 0 <= b["lo"] <= score <= b["hi"] <= 100 and b["se"] >= 0
+        assert b["lo"] < b["hi"] and b["method"] in (stats.CLOPPER_PEARSON, stats.BETA_BOUND)
         # the per-sample scores intervals are computed from are those of the score (up to its rounding)
         cell = cells[t][1024]
         assert len(cell.scores) == 4 and abs(sum(cell.scores) / 4 - score) <= 0.005
@@ -148,8 +149,10 @@ def test_with_intervals_from_hand_made_samples_round_trips(tmp_path):
     vt = stats.interval([[100, 100, 100, 0]])
     assert iv["scores"]["vt"][4096] == vt.as_dict() and iv["scores"]["vt"][4096]["se"] == 25.0
     assert iv["scores"]["cwe"][8192] is None and iv["per_length"][8192] is None
-    # every sample 33.333...: the interval is that point, widened to hold the score the table shows (33.33)
-    assert iv["scores"]["cwe"][4096] == {"se": 0.0, "lo": 33.33, "hi": 33.3333}
+    # every sample 33.333... (a fraction of references, no spread): never a point, the bound of a [0, 1] score
+    cwe = iv["scores"]["cwe"][4096]
+    assert cwe["se"] == 0.0 and cwe["method"] == stats.BETA_BOUND and cwe["lo"] < 33.33 < cwe["hi"]
+    assert cwe == stats.interval([[100 / 3] * 4]).as_dict()
     both = stats.interval([[100, 100, 100, 0], [100 / 3] * 4]).as_dict()
     assert iv["per_length"][4096] == {**both, "lo": min(both["lo"], 54.17), "hi": max(both["hi"], 54.17)}
     # to_json writes string length keys; load_results gives int keys back, as for the scores
@@ -157,7 +160,7 @@ def test_with_intervals_from_hand_made_samples_round_trips(tmp_path):
     assert load_results(tmp_path / "hand")["intervals"] == iv
     md = task_markdown(out, intervals=True)
     assert f"| vt | string_match_all | 75.00 ± {(vt.hi - vt.lo) / 2:.2f} | 50.00 ± " in md
-    assert "| cwe | string_match_all | 33.33 ± 0.00 | - |" in md
+    assert f"| cwe | string_match_all | 33.33 ± {(cwe['hi'] - cwe['lo']) / 2:.2f} | - |" in md
     with pytest.raises(ValueError, match="cwe at 4096 has no per-sample scores"):
         with_intervals(r, {"vt": samples["vt"]})
 

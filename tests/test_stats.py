@@ -16,9 +16,9 @@ def one(*tasks):
 
 
 def test_identical_runs_differ_by_nothing():
-    run = one([100, 0, 100, 50], [0, 0, 100])
+    run = one([100, 0, 100, 50] * 5, [0, 0, 100, 25] * 5)  # fractions on 20 samples: the paired bootstrap
     d = paired_difference(run, run)
-    assert (d.mean, d.lo, d.hi, d.p, d.pairs, d.paired) == (0.0, 0.0, 0.0, 1.0, 7, True)
+    assert (d.mean, d.lo, d.hi, d.p, d.pairs, d.paired) == (0.0, 0.0, 0.0, 1.0, 40, True)
     assert not d.significant
 
 
@@ -47,15 +47,16 @@ def test_standard_error_is_the_sample_std_over_root_n():
 
 
 def test_interval_contains_the_mean_stays_in_range_repeats_and_narrows():
-    scores = [0, 100, 100, 0, 100, 100, 100, 0, 100, 100]
+    # fractions of references on 20 samples: the bootstrap
+    scores = [0, 100, 50, 0, 100, 100, 25, 0, 100, 100, 75, 10, 60, 30, 20, 90, 45, 35, 0, 100]
     iv = interval([scores])
-    assert 0 <= iv.lo <= iv.mean <= iv.hi <= 100 and iv.mean == 70.0 and iv.lo < iv.mean < iv.hi
+    assert 0 <= iv.lo <= iv.mean <= iv.hi <= 100 and iv.mean == 52.0 and iv.lo < iv.mean < iv.hi
+    assert iv.method == stats.BOOTSTRAP
     assert interval([scores]) == iv and interval([scores], seed=stats.SEED) == iv
     assert interval([scores], seed=1) != iv  # the seed is what makes it repeat
     assert interval([scores * 10]).half_width < iv.half_width
-    assert interval([[100.0] * 5]) == stats.Interval(100.0, 0.0, 100.0, 100.0)
     d = iv.as_dict()
-    assert set(d) == {"se", "lo", "hi"} and d["hi"] == round(iv.hi, 4)
+    assert set(d) == {"se", "lo", "hi", "method"} and d["hi"] == round(iv.hi, 4)
     assert stats.METHOD["seed"] == stats.SEED and stats.METHOD["resamples"] == stats.RESAMPLES
     with pytest.raises(ValueError, match="at least one sample"):
         interval([[1.0], []])
@@ -77,11 +78,12 @@ def test_paired_difference_is_the_difference_of_the_scores():
     assert two.mean == pytest.approx((0.0 + 50.0) / 2)
 
 
-def test_unpaired_difference_on_different_sample_counts_has_no_test():
+def test_unpaired_difference_on_different_sample_counts_is_tested_exactly():
     d = unpaired_difference(one([100, 100, 100, 0]), one([0, 100]))
-    assert d.mean == pytest.approx(75 - 50) and d.p is None and not d.paired and d.pairs == 4
+    assert d.mean == pytest.approx(75 - 50) and not d.paired and d.pairs == 4
     assert d.lo <= d.mean <= d.hi
-    assert d.as_dict()["p"] is None
+    # 4 successes among 6 samples, 4 of them a's: P(|difference| >= 25) over the hypergeometric reassignments
+    assert d.p == pytest.approx(1.0) and d.as_dict()["p"] == 1.0
 
 
 def test_a_0_1_task_is_mcnemars_exact_test_on_the_discordant_pairs():

@@ -10,8 +10,8 @@ Attention paper's Table 5, a row per run and a column per length ('–' where ab
 Runs are compared on the tasks they share and, where sample counts differ, on the samples they share. With
 `--baseline` (and in the table5 layout, each YaRN run vs its parent) the differences come with statistics
 (`longctx.report.stats`): where both runs answered the same prompts (per-sample prompt hashes equal at the
-same sample number, checked, never assumed) a paired difference (paired-bootstrap interval, sign-flip p);
-where the prompts differ the unpaired difference of the scores; without per-sample predictions the point
+same sample number, checked, never assumed) a paired difference (interval and sign-flip p);
+where the prompts differ the unpaired difference (interval and permutation p); without per-sample predictions the point
 difference only. `--intervals` shows scores as `score ± half-width` of their 95% interval: the run's own
 when the table shows its own score, recomputed from its predictions when compare rescored it on shared
 tasks or samples. When runs have `longctx sinks` results (`<run_dir>/sinks.json`, or a sinks.json/directory

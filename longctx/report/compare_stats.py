@@ -27,8 +27,8 @@ def _run_samples(run: ComparedRun, tasks: list[str]) -> tuple[Samples | None, st
 
 
 def add_intervals(table: ScoreTable, tasks: list[str], notes: list[str] | None) -> None:
-    """Per run and length the interval of the score the table shows: the run's own where that is its own score,
-    else (compare rescored it) recomputed from its per-sample scores. `notes`: say where there is none."""
+    """Per run and length the interval of the score the table shows: the run's own where that is its own score
+    and names its method, else recomputed from its per-sample scores. `notes`: say where there is none."""
     missing: list[str] = []
     for r in table.runs:
         stored = (r.results.get("intervals") or {}).get("per_length") or {}
@@ -42,7 +42,8 @@ def add_intervals(table: ScoreTable, tasks: list[str], notes: list[str] | None) 
 
 
 def _interval(run: ComparedRun, length: int, tasks: list[str], stored: dict[int, Bounds | None]) -> Bounds | None:
-    if length not in run.rescored and stored.get(length) is not None:
+    # a results.json written before intervals named their method holds percentile bootstraps that may be points
+    if length not in run.rescored and stored.get(length) is not None and "method" in stored[length]:
         return stored[length]
     if run.samples is None:
         return None
@@ -73,8 +74,8 @@ def difference(x: ComparedRun, y: ComparedRun, table: ScoreTable, tasks: list[st
         overall = stats.unpaired_difference([own[L][0] for L in both], [own[L][1] for L in both])
     if differ:
         notes.append(f"{x.name} vs {y.name}: different prompts at {', '.join(differ)}, so those lengths (and "
-                     "Overall) are unpaired differences: the difference of the scores, its interval from independent "
-                     "bootstraps of each run, no test")
+                     "Overall) are unpaired differences: the difference of the scores, its interval from the two runs' "
+                     "own, and a permutation test of each task's samples reassigned between the runs")
     if partial:
         notes.append(f"{x.name} vs {y.name}: paired on the samples with the same prompt only (their mean difference "
                      f"is not the table's): {'; '.join(partial)}")

@@ -4,6 +4,7 @@ sections of differences between runs with their statistics, and the notes."""
 from __future__ import annotations
 
 from longctx.core.units import length_label
+from longctx.report import stats
 from longctx.report.comparison import ComparedRun, Comparison, ReportedDifference, RunDifference
 from longctx.report.sinks import COMPARE_COLUMNS, compare_cells
 from longctx.report.tables import fmt, fmt_pm, markdown_row
@@ -107,8 +108,7 @@ def _legend(cmp: Comparison) -> list[str]:
                  f"score at the reference length {ref_label}; Δ vs another run: the mean per-length difference "
                  "over the lengths both have."]
     if cmp.show_intervals:
-        lines.append("±: half the width of the score's 95% interval (percentile bootstrap over samples, resampled "
-                     "within each task).")
+        lines.append(f"±: half the width of the score's {stats.INTERVAL_WORDS}.")
     if cmp.sinks:
         lines.append("First-token attn, M-Act, Gate mean: 'longctx sinks' averages over layers (from sinks.json).")
     return lines
@@ -119,14 +119,14 @@ def _p(p: float) -> str:
 
 
 def _diff_cell(d: ReportedDifference | None, absent: str) -> str:
-    """`+3.10 [+0.52, +5.70] p=0.02`, ' ns' when the interval spans 0, 'unpaired' instead of p without a test;
-    a point difference alone."""
+    """`+3.10 [+0.52, +5.70] p=0.02`, ' unpaired' after p for runs on different prompts, ' ns' when not
+    significant; a point difference alone."""
     if d is None:
         return absent
     if d.lo is None or d.hi is None:
         return _signed(d.mean)
     cell = f"{_signed(d.mean)} [{_signed(d.lo)}, {_signed(d.hi)}]"
-    cell += f" p{_p(d.p)}" if d.p is not None else " unpaired"
+    cell += f" p{_p(d.p)}" + ("" if d.paired else " unpaired")
     return cell if d.significant else cell + " ns"
 
 
@@ -147,12 +147,16 @@ def _difference_section(title: str, entries: dict[str, RunDifference], lengths: 
 def _difference_legend(methods: set[str | None], against: str | None) -> str:
     legend = (f"Run − {against or 'its parent'} per length, and Overall over the lengths both have (the mean of the "
               "per-length differences)")
-    if "paired" in methods or "unpaired" in methods:
-        legend += (": the mean per-sample difference on the same prompts [its 95% paired-bootstrap interval] and the "
-                   "two-sided sign-flip permutation p; ns: not significant (the interval spans 0, or p >= 0.05)")
+    if "paired" in methods:
+        legend += (": the mean per-sample difference on the same prompts [its 95% interval: MOVER from the runs' "
+                   "intervals with their correlation on 0/1 scores, else a paired bootstrap] and the two-sided "
+                   "sign-flip permutation p")
     if "unpaired" in methods:
-        legend += ("; unpaired: the runs answered different prompts, so the difference of their scores with an "
-                   "interval from independent bootstraps, no test")
+        legend += ("; unpaired: the runs answered different prompts, so the difference of their scores [its 95% "
+                   "interval: MOVER from the runs' intervals on 0/1 scores, else independent bootstraps] and the "
+                   "two-sided permutation p of each task's samples reassigned between the runs (exact on 0/1 scores)")
+    if methods & {"paired", "unpaired"}:
+        legend += "; ns: not significant (the interval spans 0, or p >= 0.05)"
     if "point" in methods:
         legend += "; a number alone: a point difference (no per-sample predictions to pair)"
     return legend + "."

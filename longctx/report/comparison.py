@@ -14,7 +14,7 @@ from longctx.report.results import Results, mean
 from longctx.report.samples import Cell
 from longctx.sinks.schema import SinksResults
 
-Bounds = dict[str, float]  # {"se", "lo", "hi"} of one score (`stats.Interval.as_dict`)
+Bounds = dict[str, Any]  # {"se", "lo", "hi", "method"} of one score (`stats.Interval.as_dict`)
 Samples = dict[str, dict[int, Cell]]  # task -> length -> a run's per-sample scores and prompt hashes
 
 
@@ -84,7 +84,7 @@ class ReportedDifference:
     mean: float
     lo: float | None
     hi: float | None
-    p: float | None  # None: no test (unpaired, or a point difference)
+    p: float | None  # None: no test (a point difference)
     pairs: int
     paired: bool
     significant: bool | None

@@ -10,6 +10,7 @@ from pathlib import Path
 from longctx.checkpoint.describe import sliding_note
 from longctx.core.errors import InputError
 from longctx.core.files import write_atomic, write_json
+from longctx.report import stats
 from longctx.report.plots import plot_results
 from longctx.report.results import RESULTS_FILE, Results, build_results, read_scores, to_json, with_intervals
 from longctx.report.samples import scored_samples
@@ -40,9 +41,8 @@ def write_report(run_dir: str | os.PathLike, plot: bool = True, intervals: bool 
     write_json(run / RESULTS_FILE, to_json(results))
     rep.markdown = summary_markdown([results], intervals) + "\n\n" + task_markdown(results, intervals)
     if intervals:
-        rep.markdown += ("\n\nScores are shown as score ± half the width of their 95% interval (percentile "
-                         "bootstrap over samples, resampled within each task)." if samples is not None
-                         else f"\n\nNote: no intervals: {why}.")
+        rep.markdown += (f"\n\nScores are shown as score ± half the width of their {stats.INTERVAL_WORDS}."
+                         if samples is not None else f"\n\nNote: no intervals: {why}.")
     window = sliding_note(results["model"]["name"], results["model"].get("sliding_window"), results["lengths"])
     if window:
         rep.markdown += f"\n\nNote: {window}."
@@ -56,3 +56,4 @@ def write_report(run_dir: str | os.PathLike, plot: bool = True, intervals: bool 
         except InputError as e:
             rep.notes.append(f"no plot: {e}")
     return rep
+
