@@ -366,6 +366,14 @@ def _build_font_cache() -> None:
         import matplotlib.font_manager  # noqa: F401 (imported for its side effect)
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: a test process per core this process may use, at most 4, each with 6 GiB of memory (two live vLLM
+    engines and a served one fit in 24 GiB)."""
+    cores = len(os.sched_getaffinity(0))
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return max(1, min(cores, 4, int(memory_gib // 6)))
+
+
 def pytest_configure(config):
     _build_font_cache()
     _install_guard()
