@@ -1,12 +1,13 @@
 """Gate overhead in transformers: forward+backward step time, gated vs baseline at equal parameters.
 
 Usage:
-    python scripts/bench_gate_overhead.py [--attention elementwise|headwise] [--layers 2] [--seq 512]
+    python scripts/bench_gate_overhead.py [--attention VARIANT] [--layers 2] [--seq 512]
                                           [--batch 1] [--steps 5] [--threads N]
 
 Builds two models with the paper-1.7b layer shapes (hidden 2048, 16/8 heads, head_dim 128, FFN 6144)
 but only --layers layers and a 4096-token vocabulary: the baseline, and the gated model with
-`--match-params` (FFN shrunk so the parameter counts are equal, as in the paper). Runs fp32 on CPU,
+`--match-params` (FFN shrunk so the parameter counts are equal, as in the paper), for any variant of the
+paper's gate design space (`longctx init --attention`). Runs fp32 on CPU,
 alternating the two models step by step (so background load hits both alike), and prints the median
 step time of each side and, last, `ratio=<gated/baseline>` (target <= 1.03; the paper reports < 2% on GPU).
 """
@@ -22,7 +23,9 @@ import torch
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--attention", default="elementwise", choices=["elementwise", "headwise"])
+    ap.add_argument("--attention", default="elementwise",
+                    help="a gated variant of longctx.models.gates.NAMED (head-shared, value-elementwise, ...) or a "
+                         "gate as field=value,...")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--batch", type=int, default=1)
@@ -36,6 +39,9 @@ def main() -> None:
 
     from longctx.init.presets import model_config, parameter_count
     from longctx.models.gated_qwen3 import GatedQwen3ForCausalLM
+    from longctx.models.gates import gate_name, parse_gate
+
+    args.attention = gate_name(parse_gate(args.attention))  # one line naming what is wrong
 
     shape = {"num_hidden_layers": args.layers}
     configs = {"baseline": model_config("paper-1.7b", "baseline", 4096, **shape),

@@ -1,7 +1,7 @@
 """vLLM prefill throughput: gated model (longctx plugin) vs native Qwen3 at equal parameters.
 
 Usage:
-    python scripts/bench_vllm_gated.py [--attention elementwise|headwise] [--layers 2] [--prompts 8]
+    python scripts/bench_vllm_gated.py [--attention VARIANT] [--layers 2] [--prompts 8]
                                        [--prompt-len 512] [--reps 3] [--dtype float32]
 
 Writes two random checkpoints with the paper-1.7b layer shapes (--layers layers, 4096-token BPE vocab):
@@ -48,7 +48,9 @@ def prefill_tokens_per_s(checkpoint: Path, args) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--attention", default="elementwise", choices=["elementwise", "headwise"])
+    ap.add_argument("--attention", default="elementwise",
+                    help="a gated variant of longctx.models.gates.NAMED (head-shared, value-elementwise, ...) or a "
+                         "gate as field=value,...")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=512)

@@ -21,6 +21,7 @@ from longctx.checkpoint.rotary import built_rope
 from longctx.core.errors import InputError
 from longctx.core.kinds import Bool, Text
 from longctx.core.settings import REQUIRED, Settings, setting
+from longctx.models.gates import PAPER_ROWS, GateSpec, gate_name, gate_of
 from longctx.models.variants import attention_label, attention_variant
 
 
@@ -119,6 +120,8 @@ class Description:
     max_position_embeddings: int | None
     context_length: int | None
     parameters: int | None
+    gate: str | None  # the attention gate in words, with the paper's row it reproduces (None: no gate)
+    gate_parameters: int  # what the gate adds; parameters - gate_parameters is the ungated model's size
     fingerprint: str
     hub: dict | None  # repo_id, commit, subfolder of a checkpoint given by Hub id
     sliding_window: dict | None  # window, layers, of: layers that see only the last `window` tokens
@@ -132,6 +135,8 @@ def describe(path: str | os.PathLike, trust_remote_code: bool = False) -> Descri
     """Architecture, attention variant, RoPE (as longctx reads the config, and per layer type as the model
     transformers builds computes it), lengths, sliding windows, size (from the weight headers) and
     fingerprint."""
+    from longctx.models.gated_qwen3 import gate_parameter_count  # torch and transformers: not at start-up
+
     p = checkpoint_dir(path)
     cfg = read_config(p)
     rope = read_rope(cfg)
@@ -142,9 +147,19 @@ def describe(path: str | os.PathLike, trust_remote_code: bool = False) -> Descri
         rope_theta_from_default=rope.theta_is_default, yarn_factor=rope.factor if rope.rope_type == "yarn" else None,
         rope_factor=rope.scaling_factor, original_max_position_embeddings=rope.original_max_position_embeddings,
         max_position_embeddings=rope.max_position_embeddings, context_length=rope.context_length,
-        parameters=count_parameters(Path(p)), fingerprint=fingerprint(p), hub=hub_origin(p),
+        parameters=count_parameters(Path(p)), gate=gate_text(gate_of(cfg)),
+        gate_parameters=gate_parameter_count(config),
+        fingerprint=fingerprint(p), hub=hub_origin(p),
         sliding_window=sliding_window(config), remote_code=ran_remote_code(cfg, trust_remote_code),
         rope_layers=_built_summary(config, trust_remote_code))
+
+
+def gate_text(spec: GateSpec | None) -> str | None:
+    """A gate in words and the paper's row it reproduces, e.g. 'multiplicative sigmoid gate, ... (Table 4 ...)'."""
+    if spec is None:
+        return None
+    row = PAPER_ROWS.get(gate_name(spec))
+    return spec.words() + (f"; the paper's {row}" if row else "")
 
 
 def _built_summary(config, trust_remote_code: bool) -> dict[str, dict] | None:

@@ -83,8 +83,11 @@ def _info(s: InfoSettings) -> None:
         original = d["original_max_position_embeddings"]
         rope += f", factor {d['rope_factor']:g}" + (f" from original length {original}" if original else "")
     params = f"{d['parameters']:,}" if d["parameters"] is not None else "no weight files"
+    if d["parameters"] is not None and d["gate_parameters"]:
+        params += f" (without the gate: {d['parameters'] - d['gate_parameters']:,})"
     rows = [("checkpoint", d["checkpoint"]), ("architecture", f"{d['architecture']} (model_type {d['model_type']})"),
-            ("attention", d["attention"]), ("rope", rope), ("rope as built", built_rope_text(d["rope_layers"])),
+            ("attention", d["attention"]), *([("gate", d["gate"])] if d["gate"] else []), ("rope", rope),
+            ("rope as built", built_rope_text(d["rope_layers"])),
             ("max_position_embeddings", d["max_position_embeddings"]),
             ("context length", f"{d['context_length']} tokens (prompt + generation)"),
             ("sliding window", window_text(d["sliding_window"])), ("parameters", params),

@@ -9,6 +9,7 @@ from typing import Any
 from longctx.checkpoint.directory import copy_side_files, is_tokenizer_file
 from longctx.checkpoint.tokenizer import write_reference_tokenizer
 from longctx.core.files import CHECKPOINT_KIND, atomic_dir
+from longctx.models.gates import parse_gate
 from longctx.models.variants import gate_flags
 
 # Qwen3 with head_dim 64 (vLLM's CPU attention rejects head sizes below 32) and GQA 2:1; 32k vocab
@@ -80,15 +81,15 @@ def model_config(preset: str, attention: str, vocab_size: int, match_params: boo
     """
     from transformers import Qwen3Config
 
-    from longctx.models.gated_qwen3 import GatedQwen3Config, gate_width
+    from longctx.models.gated_qwen3 import GatedQwen3Config, gate_parameter_count
 
-    flags = gate_flags(attention)
     values = {**PRESETS[preset], "vocab_size": vocab_size, **overrides}
-    if attention == "baseline":
-        return Qwen3Config(**values, architectures=["Qwen3ForCausalLM"])
-    config = GatedQwen3Config(**values, **flags, architectures=["GatedQwen3ForCausalLM"])
+    baseline = Qwen3Config(**values, architectures=["Qwen3ForCausalLM"])
+    if parse_gate(attention) is None:
+        return baseline
+    config = GatedQwen3Config(**values, **gate_flags(attention), architectures=["GatedQwen3ForCausalLM"])
     if match_params:
-        gate_params = gate_width(config) * (config.hidden_size + int(config.attention_bias))
+        gate_params = gate_parameter_count(config) / config.num_hidden_layers
         config.intermediate_size -= round(gate_params / (3 * config.hidden_size))
     return config
 

@@ -9,14 +9,31 @@ from typing import Any
 from longctx.checkpoint.directory import is_tokenizer_file
 from longctx.checkpoint.hub import parse_hub_id
 from longctx.checkpoint.load import trust_remote_code_setting
-from longctx.core.errors import ref
-from longctx.core.kinds import Bool, CheckpointPath, Choice, Int, LocalPath, Overrides
+from longctx.core.errors import InputError, ref
+from longctx.core.kinds import Bool, CheckpointPath, Choice, Int, Kind, KindError, LocalPath, Overrides
 from longctx.core.settings import REQUIRED, Settings, setting
 from longctx.init.presets import PRESETS
+from longctx.models.gates import CHOICES, gate_name, parse_gate
 from longctx.models.variants import VARIANTS
 
 TOKENIZER_CHOICES = ("reference", "bpe")  # or a local tokenizer directory
 DTYPES = ("float32", "bfloat16", "float16")
+
+
+class AttentionVariant(Kind):
+    """A named row of the paper's gate design space, or a gate as `field=value,...` (`longctx.models.gates`);
+    parsed to its name (`granularity=headwise` is `headwise`)."""
+
+    metavar = "VARIANT"
+    words = f"one of {', '.join(VARIANTS)}, or a gate as field=value,... over {', '.join(CHOICES)}"
+
+    def parse(self, value):
+        if not isinstance(value, str):
+            raise self.wrong(value)
+        try:
+            return gate_name(parse_gate(value))
+        except InputError as e:
+            raise KindError(f"is not an attention variant: {e}") from None
 
 
 class TokenizerSpec(CheckpointPath):
@@ -34,8 +51,11 @@ class InitSettings(Settings):
     output: str | None = setting(None, LocalPath(directory=True), "Checkpoint directory to write.", cli="argument",
                                  recipe=False, cli_required=True)
     preset: str = setting(REQUIRED, Choice(PRESETS, "preset"), "Model shape: tiny (seconds on CPU) or paper-1.7b.")
-    attention: str = setting(REQUIRED, Choice(VARIANTS, "attention variant"),
-                             "baseline (plain Qwen3), elementwise or headwise (the paper's G1 output gate).")
+    attention: str = setting(REQUIRED, AttentionVariant(),
+                             "baseline (plain Qwen3), elementwise or headwise (the paper's G1 output gate), another "
+                             "row of the paper's gate tables (head-shared, value-elementwise, input-independent, "
+                             "ns-sigmoid, additive, silu, rmsnorm, ...) or any gate as field=value,... "
+                             "(position, granularity, heads, form, activation, source).")
     tokenizer: str = setting("reference", TokenizerSpec(),
                              "reference (Mistral v1 32k SentencePiece from mistral_common), bpe (train a small "
                              "byte-level BPE now, one token per digit), a local tokenizer directory, or a Hub id "

@@ -1,19 +1,22 @@
 """Gated attention (Qiu et al. 2025, "Gated Attention for LLMs", arXiv 2505.06708) on Qwen3, in transformers.
 
-The gate is position G1 of the paper: `Y' = Y * sigmoid(X W_g)`, where X is the `input_layernorm`
+The default gate is position G1 of the paper: `Y' = Y * sigmoid(X W_g)`, where X is the `input_layernorm`
 output that also feeds q/k/v, and Y is each head's attention output before the heads are concatenated
-and fed to `o_proj`. The gate gets no norm and no RoPE.
+and fed to `o_proj`. The gate gets no norm and no RoPE. Every other point of the paper's design space
+(positions G2-G5, headwise, head-shared, additive, other activations, input-independent scores, and the
+parameter-free SiLU and per-head RMSNorm) is a `GateSpec` (`longctx.models.gates`), applied by `_gated`.
 
-Weights are Qwen3's plus one projection per layer, `model.layers.{i}.self_attn.g_proj.weight`:
-- elementwise: `[H*head_dim, hidden]`, row `h*head_dim + e` gates dimension e of head h;
-- headwise:    `[H, hidden]`, row `h` gates head h.
-So `q_proj` stays identical to the baseline's (the official code widens `q_proj` instead; see
-`longctx.convert.official`). A config with neither flag is the baseline, i.e. plain Qwen3; `longctx init`
-writes baselines as `Qwen3ForCausalLM` so vLLM runs them on its native path.
+Weights are Qwen3's plus, per layer, what the gate needs: `model.layers.{i}.self_attn.g_proj.weight` for a gate
+from X (head-major: row `h*head_dim + e` gates dimension e of head h, row `h` head h when headwise; the heads are
+the query heads at G1/G4 and the key/value heads at G2/G3; `hidden` rows at G5), `self_attn.gate_logits` for an
+input-independent one, `self_attn.head_norm.weight` for the RMSNorm. So `q_proj` stays identical to the
+baseline's (the official code widens `q_proj` instead; see `longctx.convert.official`). A config with no gate is
+the baseline, i.e. plain Qwen3; `longctx init` writes baselines as `Qwen3ForCausalLM` so vLLM runs them on its
+native path.
 
-Gate scores for analysis: every attention layer has a `gate_score` submodule (sigmoid) whose output
-forward hooks can read (or replace); `record_gate_scores(model)` collects them. Without hooks the
-forward costs the same as an inline `torch.sigmoid`.
+Gate scores for analysis: every gated attention layer has a `gate_score` submodule (the activation, and the mean
+over heads of a head-shared gate) whose output forward hooks can read (or replace); `record_gate_scores(model)`
+collects them. Without hooks the forward costs the same as an inline activation.
 """
 
 from __future__ import annotations
@@ -39,58 +42,100 @@ from transformers.models.qwen3.modeling_qwen3 import (
     eager_attention_forward,
 )
 
-from longctx.core.errors import InputError
+from longctx.models.gate_math import GateScore, apply_gate
+from longctx.models.gates import GateSpec, gate_of
 from longctx.models.variants import attention_variant
 
 
 class GatedQwen3Config(Qwen3Config):
-    """Qwen3 plus the paper's G1 output-gate flags (the official config keys). Neither flag: baseline."""
+    """Qwen3 plus a gate of the paper's design space (`longctx.models.gates`): the official G1 output-gate flags,
+    or an `attn_gate` object for any other point of it. No gate: baseline."""
 
     model_type = "gated_qwen3"
     base_model_tp_plan = {**Qwen3Config.base_model_tp_plan, "layers.*.self_attn.g_proj": "colwise"}
 
     headwise_attn_output_gate: bool = False
     elementwise_attn_output_gate: bool = False
+    attn_gate: dict | None = None
 
     def __post_init__(self, **kwargs):
-        if self.headwise_attn_output_gate and self.elementwise_attn_output_gate:
-            raise InputError("config asks for both headwise_attn_output_gate and elementwise_attn_output_gate; "
-                             "set at most one of them (neither = baseline)")
+        spec = gate_of(self)  # InputError when the gate keys are malformed or ask for two gates
         super().__post_init__(**kwargs)
+        if spec is not None and (spec.heads == "shared" or spec.position == "dense"):
+            # a head-shared gate needs every head's scores for their mean, a G5 one the whole hidden state: their
+            # g_proj stays whole on every rank (transformers' tensor parallelism), like vLLM's
+            self.base_model_tp_plan = {k: v for k, v in self.base_model_tp_plan.items() if not k.endswith("g_proj")}
+
+    @property
+    def gate(self) -> GateSpec | None:
+        return gate_of(self)
 
     @property
     def attention_variant(self) -> str:
-        """'baseline', 'elementwise' or 'headwise'."""
+        """The gate's name ('baseline', 'elementwise', 'headwise', ... or its fields)."""
         return attention_variant(self)
 
 
+def _head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def gate_heads(config, spec: GateSpec) -> int:
+    """The heads of the tensor the gate scales: query heads (G1, G4), key/value heads (G2, G3), 0 (G5)."""
+    kind = spec.head_kind
+    if kind is None:
+        return 0
+    return config.num_attention_heads if kind == "query" else config.num_key_value_heads
+
+
 def gate_width(config) -> int:
-    """Rows of `g_proj` (0 for the baseline)."""
-    variant = attention_variant(config)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return {"baseline": 0, "elementwise": config.num_attention_heads * head_dim,
-            "headwise": config.num_attention_heads}[variant]
-
-
-class GateScore(nn.Module):
-    """sigmoid(gate logits); a module of its own so hooks can read or replace the gate scores."""
-
-    def forward(self, logits: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(logits)
+    """Outputs of the gate's projection (or of its free scores); 0 for the baseline and the parameter-free
+    non-linearities."""
+    spec = gate_of(config)
+    if spec is None or spec.kind != "gate":
+        return 0
+    if spec.position == "dense":
+        return config.hidden_size
+    heads = gate_heads(config, spec)
+    return heads * _head_dim(config) if spec.granularity == "elementwise" else heads
 
 
 class GatedQwen3Attention(Qwen3Attention):
     def __init__(self, config: GatedQwen3Config, layer_idx: int):
         super().__init__(config, layer_idx)
-        self.variant = config.attention_variant
-        width = gate_width(config)
-        if width:
-            self.g_proj = nn.Linear(config.hidden_size, width, bias=config.attention_bias)
-            self.gate_score = GateScore()
+        self.gate = spec = gate_of(config)
+        self.variant = attention_variant(config)
+        if spec is None:
+            return
+        if spec.kind == "rmsnorm":
+            self.head_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        elif spec.kind == "gate":
+            width = gate_width(config)
+            if spec.source == "input":
+                self.g_proj = nn.Linear(config.hidden_size, width, bias=config.attention_bias)
+            else:  # input-independent: learnt scores, zero-initialised (Table 4 row 6)
+                self.gate_logits = nn.Parameter(torch.zeros(width))
+            self.gate_score = GateScore(spec.activation, gate_heads(config, spec) if spec.heads == "shared" else 0)
+
+    def _gated(self, y: torch.Tensor, x: torch.Tensor, heads_first: bool = False) -> torch.Tensor:
+        """`y` through the gate, scores computed from `x` (b, s, hidden). `y` is (b, s, heads, head_dim),
+        (b, heads, s, head_dim) when `heads_first`, or (b, s, hidden) after o_proj."""
+        spec = self.gate
+        if spec.kind == "silu":
+            return nn.functional.silu(y)
+        if spec.kind == "rmsnorm":
+            return self.head_norm(y)
+        logits = self.g_proj(x) if spec.source == "input" else self.gate_logits.expand(*x.shape[:-1], -1)
+        scores = self.gate_score(logits)
+        if heads_first:
+            return apply_gate(spec, y.transpose(1, 2), scores, self.head_dim).transpose(1, 2)
+        return apply_gate(spec, y, scores, self.head_dim)
 
     def forward(self, hidden_states, position_embeddings, attention_mask, past_key_values=None, **kwargs):
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
+        spec = self.gate
+        at = None if spec is None else (spec.position if spec.kind == "gate" else "sdpa")
 
         query_states = self.q_norm(self.q_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
         key_states = self.k_norm(self.k_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
@@ -98,6 +143,13 @@ class GatedQwen3Attention(Qwen3Attention):
 
         cos, sin = position_embeddings
         query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        # G2-G4 gate what attention reads (and what the cache keeps), after the norms and RoPE
+        if at == "query":
+            query_states = self._gated(query_states, hidden_states, heads_first=True)
+        elif at == "key":
+            key_states = self._gated(key_states, hidden_states, heads_first=True)
+        elif at == "value":
+            value_states = self._gated(value_states, hidden_states, heads_first=True)
 
         if past_key_values is not None:
             key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
@@ -117,13 +169,13 @@ class GatedQwen3Attention(Qwen3Attention):
             **kwargs,
         )
         # attn_output: (b, s, H, head_dim) for every attention backend
-        if self.variant == "elementwise":
-            attn_output = attn_output * self.gate_score(self.g_proj(hidden_states)).view(hidden_shape)
-        elif self.variant == "headwise":
-            attn_output = attn_output * self.gate_score(self.g_proj(hidden_states)).unsqueeze(-1)
+        if at == "sdpa":
+            attn_output = self._gated(attn_output, hidden_states)
 
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()
         attn_output = self.o_proj(attn_output)
+        if at == "dense":
+            attn_output = self._gated(attn_output, hidden_states)
         return attn_output, attn_weights
 
 
@@ -174,7 +226,8 @@ def record_gate_scores(model: nn.Module, detach: bool = True) -> Iterator[dict[i
     """Collect sigmoid gate scores per layer while the block runs.
 
     Yields a dict `{layer_idx: scores}`, filled by each forward inside the block (the last forward
-    wins): elementwise `(b, s, H*head_dim)`, headwise `(b, s, H)`. Empty for a baseline model.
+    wins): `GateScore`'s output, e.g. elementwise `(b, s, H*head_dim)`, headwise `(b, s, H)`. Empty for a
+    baseline model and the parameter-free non-linearities.
     """
     scores: dict[int, torch.Tensor] = {}
     handles = []
@@ -195,6 +248,17 @@ def causal_lm_class(config) -> type:
     return GatedQwen3ForCausalLM if isinstance(config, GatedQwen3Config) else Qwen3ForCausalLM
 
 
+def gate_parameter_count(config) -> int:
+    """Parameters the gate adds to the model `config` describes (0 for plain Qwen3 and the baseline), counted on
+    models built on the meta device."""
+    if not isinstance(config, GatedQwen3Config) or config.gate is None:
+        return 0
+    plain = Qwen3Config(**{k: v for k, v in config.to_dict().items() if k not in ("attn_gate", "model_type")})
+    with torch.device("meta"):
+        gated, baseline = GatedQwen3ForCausalLM(config), Qwen3ForCausalLM(plain)
+    return sum(p.numel() for p in gated.parameters()) - sum(p.numel() for p in baseline.parameters())
+
+
 def register_auto_classes() -> None:
     """Register the config and model with transformers' Auto classes (idempotent)."""
 
@@ -213,6 +277,7 @@ __all__ = [
     "GatedQwen3ForCausalLM",
     "GatedQwen3Model",
     "causal_lm_class",
+    "gate_parameter_count",
     "gate_width",
     "record_gate_scores",
     "register_auto_classes",

@@ -1,36 +1,31 @@
-"""The attention variants of the gated-attention family and how a config says which one it is.
+"""The attention variants of the gated-attention family by name, and how a config says which one it is.
 
-The config keys are the official code's (`headwise_attn_output_gate`, `elementwise_attn_output_gate`;
-github.com/qiuzh20/gated_attention); neither set means the baseline (plain Qwen3).
+A variant is a named row of the paper's gate design space (`longctx.models.gates.NAMED`: `baseline`,
+`elementwise`, `headwise`, `head-shared`, ...) or any gate written as `field=value,...`; its config keys are
+the official code's two flags (github.com/qiuzh20/gated_attention) for its two gates and `attn_gate` otherwise.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from longctx.core.errors import InputError
+from longctx.models.gates import LEGACY_KEYS, NAMED, gate_name, gate_of, parse_gate
 
-VARIANTS = ("baseline", "elementwise", "headwise")
+VARIANTS = tuple(NAMED)
 
 
-def gate_flags(variant: str) -> dict[str, bool]:
-    """The config keys for an attention variant name."""
-    if variant not in VARIANTS:
-        raise InputError(f"unknown attention variant '{variant}'; choose one of {', '.join(VARIANTS)}")
-    return {"elementwise_attn_output_gate": variant == "elementwise",
-            "headwise_attn_output_gate": variant == "headwise"}
+def gate_flags(variant: str) -> dict[str, Any]:
+    """The config keys for an attention variant (a name or `field=value,...`); the baseline's are the official
+    flags, both false. InputError names what is wrong."""
+    spec = parse_gate(variant)
+    return {key: False for key in LEGACY_KEYS.values()} if spec is None else spec.as_config()
 
 
 def attention_variant(config: Any) -> str:
-    """'baseline', 'elementwise' or 'headwise' of a config: a config.json dict or a config object."""
-    get = config.get if isinstance(config, dict) else lambda key: getattr(config, key, None)
-    if get("headwise_attn_output_gate"):
-        return "headwise"
-    if get("elementwise_attn_output_gate"):
-        return "elementwise"
-    return "baseline"
+    """The variant of a config.json dict or a config object: a name of `NAMED`, or the gate's fields."""
+    return gate_name(gate_of(config))
 
 
 def attention_label(variant: str) -> str:
-    """How `longctx info` and result files name a variant: baseline, gated-elementwise, gated-headwise."""
+    """How `longctx info` and result files name a variant: baseline, gated-elementwise, gated-headwise, ..."""
     return variant if variant == "baseline" else f"gated-{variant}"

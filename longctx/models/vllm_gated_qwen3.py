@@ -2,13 +2,15 @@
 
 Ported from vLLM 0.32's `vllm/model_executor/models/qwen3.py`: fused QKV (`QKVParallelLinear`),
 per-head q/k RMSNorm, `get_rope`, vLLM `Attention`, and Qwen2's decoder stack and weight loader.
-The only change is the G1 output gate (Qiu et al. 2025): a separate column-parallel `g_proj` on the
-same normed input as q/k/v, sigmoid, multiplied into each head's attention output before `o_proj`:
-- elementwise: `out * sigmoid(g)`, g of width H*head_dim (head-major, so tensor-parallel shards of
-  `g_proj` line up with the local heads of `attn`);
-- headwise: `out.view(T, H, head_dim) * sigmoid(g)[..., None]`, g of width H.
-The gate is computed in the activation dtype, as in the transformers model. Baseline checkpoints
-are plain `Qwen3ForCausalLM` and never reach this file.
+The only change is the gate of Qiu et al. 2025 (`longctx.models.gates`: any point of the paper's design
+space), computed from the same normed input as q/k/v with the arithmetic the transformers model uses
+(`longctx.models.gate_math`), in the activation dtype:
+- G1 (sdpa): on the attention output before `o_proj`; G4 (query) on q and G3 (key) on k after their norms
+  and RoPE; G2 (value) on v before `attn`, so the KV cache holds the gated keys/values the transformers
+  model caches; G5 (dense) on the `o_proj` output;
+- the parameter-free SiLU and per-head RMSNorm at G1.
+How each position shards under tensor parallelism is in `GatedQwen3Attention._make_gate`. Baseline
+checkpoints are plain `Qwen3ForCausalLM` and never reach this file.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ import torch
 from torch import nn
 from vllm.compilation.decorators import support_torch_compile
 from vllm.config import CacheConfig, VllmConfig
-from vllm.distributed import get_pp_group
+from vllm.distributed import get_pp_group, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from vllm.model_executor.layers.layernorm import RMSNorm
-from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
+from vllm.model_executor.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.quantization import QuantizationConfig
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
@@ -33,13 +35,14 @@ from vllm.sequence import IntermediateTensors
 from vllm.transformers_utils.config import set_default_rope_theta
 from vllm.v1.attention.backend import AttentionType
 
-from longctx.models.variants import attention_variant
+from longctx.models.gate_math import GateScore, apply_gate
+from longctx.models.gates import GateSpec, gate_of
 
 
 class GatedQwen3Attention(Qwen3Attention):
-    """vLLM's Qwen3Attention plus `g_proj`; the gate multiplies the attention output before `o_proj`."""
+    """vLLM's Qwen3Attention plus a gate of the design space (`GateSpec`), applied where the spec puts it."""
 
-    def __init__(self, *, gate: str, hidden_size: int, qkv_bias: bool = False,
+    def __init__(self, *, gate: GateSpec | None, hidden_size: int, qkv_bias: bool = False,
                  quant_config: QuantizationConfig | None = None, prefix: str = "", **kwargs) -> None:
         super().__init__(hidden_size=hidden_size, qkv_bias=qkv_bias, quant_config=quant_config, prefix=prefix,
                          **kwargs)
@@ -47,12 +50,65 @@ class GatedQwen3Attention(Qwen3Attention):
         if qkv_bias:  # transformers' Qwen3 `attention_bias` also covers o_proj (vLLM's Qwen3 drops it)
             self.o_proj = RowParallelLinear(self.total_num_heads * self.head_dim, hidden_size, bias=True,
                                             quant_config=quant_config, prefix=f"{prefix}.o_proj")
-        width = {"elementwise": self.total_num_heads * self.head_dim, "headwise": self.total_num_heads}.get(gate)
-        if width is not None:
-            self.g_proj = ColumnParallelLinear(hidden_size, width, bias=qkv_bias, quant_config=quant_config,
+        if gate is not None and gate.kind == "rmsnorm":
+            self.head_norm = RMSNorm(self.head_dim, eps=kwargs.get("rms_norm_eps", 1e-6))
+        elif gate is not None and gate.kind == "gate":
+            self._make_gate(gate, hidden_size, qkv_bias, quant_config, prefix)
+
+    def _make_gate(self, gate: GateSpec, hidden_size: int, bias: bool, quant_config, prefix: str) -> None:
+        """The gate's weights, laid out so that each tensor-parallel rank holds the scores of its own heads: a
+        head-specific gate of query heads is column-parallel like q (whole heads per shard), one of key/value
+        heads like k/v while they are split (replicated and sliced to the rank's head when tp > kv heads); a
+        head-shared gate needs every head's scores for their mean and a G5 gate the whole hidden state, so both
+        are replicated. Input-independent scores are replicated and sliced the same way."""
+        tp_size, tp_rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
+        per_head = self.head_dim if gate.granularity == "elementwise" else 1
+        if gate.position == "dense":
+            total, local, first = hidden_size, hidden_size, 0
+        elif gate.head_kind == "query":
+            total, local, first = self.total_num_heads, self.num_heads, tp_rank * self.num_heads
+        else:
+            total, local = self.total_num_kv_heads, self.num_kv_heads
+            first = tp_rank * local if total >= tp_size else tp_rank // (tp_size // total)
+        width = total if gate.position == "dense" else total * per_head
+        split = gate.position != "dense" and gate.heads == "specific" and (gate.head_kind == "query"
+                                                                           or total >= tp_size)
+        whole = gate.position == "dense" or gate.heads == "shared" or tp_size == 1
+        self.gate_slice = None if whole or (split and gate.source == "input") else (first * per_head,
+                                                                                     local * per_head)
+        if gate.source == "free":
+            self.gate_logits = nn.Parameter(torch.zeros(width), requires_grad=False)
+        elif split:
+            self.g_proj = ColumnParallelLinear(hidden_size, width, bias=bias, quant_config=quant_config,
                                                prefix=f"{prefix}.g_proj")
+        else:
+            self.g_proj = ReplicatedLinear(hidden_size, width, bias=bias, quant_config=quant_config,
+                                           prefix=f"{prefix}.g_proj")
+        self.gate_score = GateScore(gate.activation, total if gate.heads == "shared" else 0)
+
+    def _gated(self, y: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        """`y` (tokens, heads * head_dim, or hidden at G5) through the gate, its scores from `hidden_states`."""
+        gate = self.gate
+        if gate.kind == "silu":
+            return nn.functional.silu(y)
+        by_head = y.view(y.shape[0], -1, self.head_dim)
+        if gate.kind == "rmsnorm":
+            return self.head_norm(by_head).view(y.shape)
+        if gate.source == "input":
+            logits, _ = self.g_proj(hidden_states)
+        else:
+            logits = self.gate_logits.to(hidden_states.dtype).expand(hidden_states.shape[0], -1)
+        if self.gate_slice is not None:
+            start, width = self.gate_slice
+            logits = logits[:, start:start + width]
+        scores = self.gate_score(logits)
+        if gate.position == "dense":
+            return apply_gate(gate, y, scores, self.head_dim)
+        return apply_gate(gate, by_head, scores, self.head_dim).view(y.shape)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        gate = self.gate
+        at = None if gate is None else (gate.position if gate.kind == "gate" else "sdpa")
         qkv, _ = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q_by_head = self.q_norm(q.view(*q.shape[:-1], q.shape[-1] // self.head_dim, self.head_dim))
@@ -60,16 +116,19 @@ class GatedQwen3Attention(Qwen3Attention):
         k_by_head = self.k_norm(k.view(*k.shape[:-1], k.shape[-1] // self.head_dim, self.head_dim))
         k = k_by_head.view(k.shape)
         q, k = self.rotary_emb(positions, q, k)
+        # G2-G4 gate what attention reads (the cache keeps gated keys and values), after the norms and RoPE
+        if at == "query":
+            q = self._gated(q, hidden_states)
+        elif at == "key":
+            k = self._gated(k, hidden_states)
+        elif at == "value":
+            v = self._gated(v, hidden_states)
         attn_output = self.attn(q, k, v)
-        if self.gate == "elementwise":
-            g, _ = self.g_proj(hidden_states)
-            attn_output = attn_output * torch.sigmoid(g)
-        elif self.gate == "headwise":
-            g, _ = self.g_proj(hidden_states)
-            shape = attn_output.shape
-            attn_output = (attn_output.view(*shape[:-1], self.num_heads, self.head_dim)
-                           * torch.sigmoid(g).unsqueeze(-1)).view(shape)
+        if at == "sdpa":
+            attn_output = self._gated(attn_output, hidden_states)
         output, _ = self.o_proj(attn_output)
+        if at == "dense":
+            output = self._gated(output, hidden_states)
         return output
 
 
@@ -83,7 +142,7 @@ class GatedQwen3DecoderLayer(nn.Module):
         set_default_rope_theta(config, default_theta=1000000)
         attn_type = AttentionType.DECODER if getattr(config, "is_causal", True) else AttentionType.ENCODER_ONLY
         self.self_attn = GatedQwen3Attention(
-            gate=attention_variant(config),
+            gate=gate_of(config),
             hidden_size=self.hidden_size,
             num_heads=config.num_attention_heads,
             max_position=config.max_position_embeddings,
@@ -134,9 +193,7 @@ class GatedQwen3ForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
         config = vllm_config.model_config.hf_config
-        if getattr(config, "headwise_attn_output_gate", False) and getattr(config, "elementwise_attn_output_gate",
-                                                                           False):
-            raise ValueError("config asks for both headwise_attn_output_gate and elementwise_attn_output_gate")
+        gate_of(config)  # InputError (a ValueError) when the gate keys are malformed or ask for two gates
         self.config = config
         self.vllm_config = vllm_config
         self.quant_config = quant_config = vllm_config.quant_config

@@ -49,8 +49,9 @@ def layer_markdown(r: SinksResults) -> str:
         lines.append(markdown_row([str(i), _num(r["first_token_attention"][i]), _m_act(r["m_act"][i]),
                                    _m_act(r["m_act_max"][i]), *gate]))
     if g:
-        heads = [f"h{h}" for h in range(r["heads"])]
-        lines += ["", f"Gate mean per head ({g['variant']}):", "", markdown_row(["Layer", *heads]),
+        heads = [f"h{h}" for h in range(len(g["per_head"]["mean"][0]))]
+        over = f", over {g['heads']}" if g.get("heads") and g["heads"] != "query heads" else ""
+        lines += ["", f"Gate mean per head ({g['variant']}{over}):", "", markdown_row(["Layer", *heads]),
                   markdown_row(["---"] * (len(heads) + 1))]
         lines += [markdown_row([str(i), *map(_num, row)]) for i, row in enumerate(g["per_head"]["mean"])]
     s = r["settings"]

@@ -23,6 +23,7 @@ import sys
 from typing import Any
 
 from longctx.core.errors import InputError
+from longctx.models.gates import GateSpec, gate_of
 from longctx.models.variants import attention_variant
 from longctx.sinks.schema import GATE_BINS
 
@@ -160,15 +161,24 @@ class Collector:
         self.attn_settings: list[dict[str, Any] | None] = [None] * self.n_layers
         self.m_act: list[list] = [[] for _ in layers]  # per layer: per-window maxima (tensors)
         self.variant = attention_variant(model.config)
-        if self.variant != "baseline":
-            z = lambda dt: torch.zeros(self.n_layers, self.heads, dtype=dt, device=device)
+        spec = gate_of(model.config)
+        self.scored = spec is not None and spec.kind == "gate"  # a parameter-free non-linearity has no scores
+        # the heads the recorded scores have: their own position's, one for a shared gate or at G5
+        self.gate_heads = (0 if not self.scored else 1 if spec.heads == "shared" or spec.position == "dense"
+                           else self.heads if spec.head_kind == "query" else self.kv_heads)
+        self.gate_heads_are = (None if not self.scored else "all heads (shared)" if spec.heads == "shared"
+                               else "the hidden state (G5)" if spec.position == "dense"
+                               else "query heads" if spec.head_kind == "query" else "key/value heads")
+        self.gate_reported = gate_reported(spec)
+        if self.scored:
+            z = lambda dt: torch.zeros(self.n_layers, self.gate_heads, dtype=dt, device=device)
             self.g_sum, self.g_n = z(torch.float64), z(torch.int64)
             self.g_01, self.g_05 = z(torch.int64), z(torch.int64)
-            self.g_hist = torch.zeros(self.n_layers, self.heads, GATE_BINS, dtype=torch.int64, device=device)
+            self.g_hist = torch.zeros(self.n_layers, self.gate_heads, GATE_BINS, dtype=torch.int64, device=device)
         self.handles = []
         for i, layer in enumerate(layers):
             self.handles.append(layer.register_forward_hook(lambda _m, _i, out, i=i: self._layer_output(i, out)))
-            if self.variant != "baseline":
+            if self.scored:
                 self.handles.append(layer.self_attn.gate_score.register_forward_hook(
                     lambda _m, _i, out, i=i: self._gate(i, out)))
         _active = self
@@ -230,8 +240,8 @@ class Collector:
     def _gate(self, i: int, out):
         torch = self.torch
         scores = out.detach().float()
-        scores = scores.reshape(*scores.shape[:2], self.heads, -1)  # (B, L, heads, D or 1)
-        for h in range(self.heads):  # one head at a time bounds the histogram's index buffer
+        scores = scores.reshape(*scores.shape[:2], self.gate_heads, -1)  # (B, L, heads, D or 1)
+        for h in range(self.gate_heads):  # one head at a time bounds the histogram's index buffer
             x = scores[:, :, h]
             self.g_sum[i, h] += x.sum(dtype=torch.float64)
             self.g_n[i, h] += x.numel()
@@ -253,17 +263,37 @@ class Collector:
             "m_act_max": [m.max().item() for m in maxima],
             "gate": None,
         }
-        if self.variant != "baseline":
+        out["gate_reported"] = self.gate_reported
+        if self.scored:
             s, n, b01, b05, hist = (t.cpu() for t in (self.g_sum, self.g_n, self.g_01, self.g_05, self.g_hist))
             per_head = {"mean": s / n, "median": _hist_median(hist), "below_0_1": b01 / n, "below_0_5": b05 / n}
             layer = {"mean": s.sum(1) / n.sum(1), "median": _hist_median(hist.sum(1)),
                      "below_0_1": b01.sum(1) / n.sum(1), "below_0_5": b05.sum(1) / n.sum(1)}
             total = {"mean": s.sum() / n.sum(), "median": _hist_median(hist.sum((0, 1))),
                      "below_0_1": b01.sum() / n.sum(), "below_0_5": b05.sum() / n.sum()}
-            out["gate"] = {"variant": self.variant, **{k: v.tolist() for k, v in layer.items()},
+            out["gate"] = {"variant": self.variant, "heads": self.gate_heads_are,
+                           **{k: v.tolist() for k, v in layer.items()},
                            "per_head": {k: v.tolist() for k, v in per_head.items()}}
             out["gate_total"] = {k: float(v) for k, v in total.items()}
         return out
+
+
+def gate_reported(spec: GateSpec | None) -> str | None:
+    """What sinks.json's gate statistics are for this gate (None: no gate)."""
+    if spec is None:
+        return None
+    if spec.kind != "gate":
+        return (f"no gate scores: the parameter-free {spec.kind} non-linearity at G1 has none (first-token attention "
+                "and M-Act as for any model)")
+    bounded = spec.activation in ("sigmoid", "ns-sigmoid")
+    what = (f"the {spec.activation} scores {'multiplying' if spec.form == 'multiplicative' else 'added to'} the "
+            f"{spec.position} tensor, as applied (a head-shared gate's mean over heads)")
+    if spec.form == "additive":
+        return what + (": an added term, not a scaling, so the shares below 0.1 and 0.5 say how much is added, not "
+                       "how sparse")
+    if not bounded:
+        return what + f": {spec.activation} is not bounded to [0, 1], so the median is of the scores clamped to [0, 1]"
+    return what + ": in [0, 1], so the shares below 0.1 and 0.5 are the gate's sparsity (the paper's Fig. 5)"
 
 
 def _hist_median(hist):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from longctx.checkpoint.describe import ModelInfo
 from longctx.core.errors import InputError
@@ -24,14 +24,17 @@ DEFINITIONS = {
     "m_act": "max |hidden state| of each decoder layer's output (the residual stream) over tokens and "
              "channels of a window, averaged over windows (m_act_max: the max over windows); per layer, "
              "and averaged over layers",
-    "gate": "sigmoid gate scores over tokens, dims and windows: mean, median (from a histogram of "
-            f"{GATE_BINS} bins over [0, 1]), fraction below 0.1 and below 0.5; per layer, per head, and over "
-            "all layers; null for a model without an output gate",
+    "gate": "gate scores as applied (after the activation; a head-shared gate's mean over heads) over tokens, "
+            f"dims and windows: mean, median (from a histogram of {GATE_BINS} bins over [0, 1]), fraction below "
+            "0.1 and below 0.5; per layer, per head of the gated tensor, and over all layers; null for a model "
+            "without gate scores (the baseline, a parameter-free non-linearity); gate_reported says what they "
+            "are for this model's gate",
 }
 
 
 class GateStats(TypedDict):
-    variant: str  # elementwise | headwise
+    variant: str  # the attention variant (`longctx.models.variants`): elementwise, headwise, head-shared, ...
+    heads: NotRequired[str]  # whose heads per_head is over: query heads, key/value heads, all heads (shared), ...
     mean: list[float]  # per layer
     median: list[float]
     below_0_1: list[float]
@@ -57,6 +60,7 @@ class SinksResults(TypedDict):
     m_act: list[float]
     m_act_max: list[float]
     gate: GateStats | None
+    gate_reported: NotRequired[str | None]  # what the gate statistics are for this gate (None: no gate)
     # first_token_attention, m_act (means over layers); gate_mean, gate_median, gate_below_0_1,
     # gate_below_0_5 over all layers (null without a gate)
     averages: dict[str, float | None]
