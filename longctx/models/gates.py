@@ -82,6 +82,15 @@ class GateSpec:
             return "query"
         return {"sdpa": "query", "query": "query", "value": "kv", "key": "kv"}.get(self.position)
 
+    def scored_heads(self, heads: int, kv_heads: int) -> tuple[int, str]:
+        """How many heads the applied scores have, and whose they are: the position's own heads, or one when the
+        gate is head-shared or at G5."""
+        if self.heads == "shared":
+            return 1, "all heads (shared)"
+        if self.position == "dense":
+            return 1, "the hidden state (G5)"
+        return (heads, "query heads") if self.head_kind == "query" else (kv_heads, "key/value heads")
+
     def words(self) -> str:
         """The spec in words, as `longctx info` shows it."""
         if self.kind == "silu":

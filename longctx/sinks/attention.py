@@ -163,12 +163,9 @@ class Collector:
         self.variant = attention_variant(model.config)
         spec = gate_of(model.config)
         self.scored = spec is not None and spec.kind == "gate"  # a parameter-free non-linearity has no scores
-        # the heads the recorded scores have: their own position's, one for a shared gate or at G5
-        self.gate_heads = (0 if not self.scored else 1 if spec.heads == "shared" or spec.position == "dense"
-                           else self.heads if spec.head_kind == "query" else self.kv_heads)
-        self.gate_heads_are = (None if not self.scored else "all heads (shared)" if spec.heads == "shared"
-                               else "the hidden state (G5)" if spec.position == "dense"
-                               else "query heads" if spec.head_kind == "query" else "key/value heads")
+        # the heads the recorded scores have, and whose they are
+        self.gate_heads, self.gate_heads_are = (spec.scored_heads(self.heads, self.kv_heads) if self.scored
+                                                else (0, None))
         self.gate_reported = gate_reported(spec)
         if self.scored:
             z = lambda dt: torch.zeros(self.n_layers, self.gate_heads, dtype=dt, device=device)
