@@ -179,3 +179,30 @@ def test_each_variant_trains_with_gradient_checkpointing(variant):
     gate = {n: p for n, p in model.named_parameters() if any(k in n for k in ("g_proj", "gate_logits", "head_norm"))}
     assert len(gate) == SMALL["num_hidden_layers"]
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in gate.values()), variant
+
+
+def test_the_papers_table_4_renders_in_the_table_4_layout():
+    """The paper's Table 4 (tests/data/table4), typed in, in the layout longctx writes for its own runs."""
+    from pathlib import Path
+
+    from longctx.core.parse import loads
+    from longctx.report.sinks import Table4Row, table4_markdown
+
+    paper = loads((Path(__file__).parent / "data" / "table4" / "paper.json").read_text())
+    assert {r["variant"] for r in paper} <= set(NAMED)  # every row is a variant longctx builds
+    rows = [Table4Row(r["method"], r["gate"], r["m_act"], r["f_attn"], r["ppl"]) for r in paper]
+    assert table4_markdown(rows).splitlines() == [
+        "| Method | Gate score | M-Act | F-Attn | PPL | RULER avg. |",
+        "| --- | --- | --- | --- | --- | --- |",
+        "| baseline | – | 1053 | 0.467 | 6.026 | – |",
+        "| SDPA elementwise | 0.116 | 94 | 0.048 | 5.761 | – |",
+        "| SDPA headwise | 0.172 | 98 | 0.073 | 5.792 | – |",
+        "| SDPA elem. head-shared | 0.271 | 286 | 0.301 | 5.801 | – |",
+        "| v elementwise (G2) | 0.221 | 125 | 0.297 | 5.820 | – |",
+        "| input-independent | 0.335 | 471 | 0.364 | 5.917 | – |",
+        "| NS-sigmoid (0.5+0.5σ) | 0.653 | 892 | 0.451 | 5.900 | – |",
+    ]
+    # a checkpoint's own sinks.json gives the same row shape, with its RULER average
+    doc = {"averages": {"gate_mean": 0.25, "m_act": 3.21, "first_token_attention": 0.0123}}
+    assert table4_markdown([Table4Row.of("tiny gated", doc, 12.5)]).splitlines()[2] == (
+        "| tiny gated | 0.250 | 3.21 | 0.012 | – | 12.50 |")

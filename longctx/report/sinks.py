@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from longctx.core.errors import InputError
@@ -91,6 +92,41 @@ def plot_sinks(runs: Sequence[SinksResults | str | os.PathLike], out: str | os.P
     `runs` are results or sinks.json paths (or their directories)."""
     fig, _ = sinks_figure(runs, names)
     return save_figure(fig, out)
+
+
+TABLE4_COLUMNS = ["Method", "Gate score", "M-Act", "F-Attn", "PPL", "RULER avg."]
+
+
+@dataclass(frozen=True)
+class Table4Row:
+    """A row of the paper's Table 4 (Qiu et al. 2025): the mean gate score (None: no gate scores), M-Act and
+    first-token attention (means over layers), held-out perplexity and the RULER average where known."""
+
+    method: str
+    gate: float | None
+    m_act: float
+    f_attn: float
+    ppl: float | None = None
+    ruler: float | None = None
+
+    @classmethod
+    def of(cls, method: str, doc: SinksResults, ruler: float | None = None) -> Table4Row:
+        """The row of a checkpoint's sinks.json (and its RULER average); sinks.json holds no held-out loss, so no
+        perplexity."""
+        a = doc["averages"]
+        return cls(method, a["gate_mean"], a["m_act"], a["first_token_attention"], None, ruler)
+
+
+def table4_markdown(rows: Sequence[Table4Row]) -> str:
+    """The paper's Table 4 layout: a row per method; '–' where a value is not known (or there is no gate)."""
+    def cell(v: float | None, text) -> str:
+        return "–" if v is None else text(v)
+
+    lines = [markdown_row(TABLE4_COLUMNS), markdown_row(["---"] * len(TABLE4_COLUMNS))]
+    for r in rows:
+        lines.append(markdown_row([r.method, cell(r.gate, lambda v: f"{v:.3f}"), _m_act(r.m_act), f"{r.f_attn:.3f}",
+                                   cell(r.ppl, lambda v: f"{v:.3f}"), cell(r.ruler, lambda v: f"{v:.2f}")]))
+    return "\n".join(lines)
 
 
 COMPARE_COLUMNS = ["First-token attn", "M-Act", "Gate mean"]
