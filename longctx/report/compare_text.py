@@ -149,12 +149,13 @@ def _difference_legend(methods: set[str | None], against: str | None) -> str:
               "per-length differences)")
     if "paired" in methods:
         legend += (": the mean per-sample difference on the same prompts [its 95% interval: MOVER from the runs' "
-                   "intervals with their correlation on 0/1 scores, else a paired bootstrap] and the two-sided "
-                   "sign-flip permutation p")
+                   "intervals with their correlation, or a paired bootstrap where a run's interval is one] and the "
+                   "two-sided sign-flip permutation p")
     if "unpaired" in methods:
         legend += ("; unpaired: the runs answered different prompts, so the difference of their scores [its 95% "
-                   "interval: MOVER from the runs' intervals on 0/1 scores, else independent bootstraps] and the "
-                   "two-sided permutation p of each task's samples reassigned between the runs (exact on 0/1 scores)")
+                   "interval: MOVER from the runs' intervals, or independent bootstraps where a run's interval is "
+                   "one] and the two-sided permutation p of each task's samples reassigned between the runs (exact "
+                   "on 0/1 scores)")
     if methods & {"paired", "unpaired"}:
         legend += "; ns: not significant (the interval spans 0, or p >= 0.05)"
     if "point" in methods:
