@@ -104,7 +104,6 @@ class GatedQwen3Attention(Qwen3Attention):
     def __init__(self, config: GatedQwen3Config, layer_idx: int):
         super().__init__(config, layer_idx)
         self.gate = spec = gate_of(config)
-        self.variant = attention_variant(config)
         if spec is None:
             return
         if spec.kind == "rmsnorm":

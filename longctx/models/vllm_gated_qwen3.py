@@ -91,9 +91,8 @@ class GatedQwen3Attention(Qwen3Attention):
         gate = self.gate
         if gate.kind == "silu":
             return nn.functional.silu(y)
-        by_head = y.view(y.shape[0], -1, self.head_dim)
         if gate.kind == "rmsnorm":
-            return self.head_norm(by_head).view(y.shape)
+            return self.head_norm(y.view(y.shape[0], -1, self.head_dim)).view(y.shape)
         if gate.source == "input":
             logits, _ = self.g_proj(hidden_states)
         else:
@@ -102,9 +101,9 @@ class GatedQwen3Attention(Qwen3Attention):
             start, width = self.gate_slice
             logits = logits[:, start:start + width]
         scores = self.gate_score(logits)
-        if gate.position == "dense":
+        if gate.position == "dense":  # y is the hidden state, which need not split into head_dim pieces
             return apply_gate(gate, y, scores, self.head_dim)
-        return apply_gate(gate, by_head, scores, self.head_dim).view(y.shape)
+        return apply_gate(gate, y.view(y.shape[0], -1, self.head_dim), scores, self.head_dim).view(y.shape)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         gate = self.gate
