@@ -8,6 +8,7 @@ with HF_HUB_OFFLINE=1: nothing downloads.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -74,6 +75,39 @@ def test_the_cause_of_a_failure_while_generating_is_what_the_log_got_since_it_be
     with log.open("a") as f:
         f.write("BrokenPipeError: [Errno 32] Broken pipe\n")
     assert engine_error(log, dead, since, killed) == killed
+
+
+@pytest.mark.slow
+def test_a_killed_engine_is_named_killed_when_another_thread_reaps_it_first():
+    """vLLM's monitor thread reads `exitcode` as soon as an engine process ends; when its waitpid wins, ours gets
+    ECHILD and multiprocessing says "no exit code yet" until the status is stored a moment later. The signal
+    must still be named (a CI run once said only "its process EngineCore ended")."""
+    import multiprocessing
+    import signal
+    import threading
+    from types import SimpleNamespace
+
+    from longctx.eval.vllm_engine import ended_processes
+
+    proc = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,), name="EngineCore")
+    proc.start()
+    try:
+        pid = proc.pid
+        proc.kill()
+        _, status = os.waitpid(pid, 0)  # the other thread's waitpid wins the race ...
+
+        def store() -> None:  # ... and stores the status a moment later, as Popen.poll does
+            time.sleep(0.2)
+            proc._popen.returncode = os.waitstatus_to_exitcode(status)
+
+        threading.Thread(target=store).start()
+        client = SimpleNamespace(resources=SimpleNamespace(engine_manager=SimpleNamespace(processes=[proc])))
+        assert ended_processes(client) == ("its process EngineCore was killed by SIGKILL (as the kernel's "
+                                           "out-of-memory killer does)")
+        assert proc.exitcode == -signal.SIGKILL
+    finally:
+        if proc.exitcode is None:
+            proc.kill()
 
 
 @pytest.mark.slow

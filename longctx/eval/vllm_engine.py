@@ -11,6 +11,7 @@ import re
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -152,6 +153,16 @@ def _engine_processes(client: Any) -> list[Any]:
     return list(getattr(manager, "processes", None) or [])
 
 
+def _exit_code(proc: Any, wait_s: float = 2.0) -> int | None:
+    """The exit code of the ended process `proc`. Two threads may reap it at once (this one and vLLM's monitor,
+    which reads `exitcode` as soon as the process ends): the one whose waitpid loses gets ECHILD, which
+    multiprocessing reports as "no code yet", until the winner stores the status a moment later."""
+    deadline = time.monotonic() + wait_s
+    while (code := proc.exitcode) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return code
+
+
 def ended_processes(client: Any) -> str | None:
     """How the engine processes of `client` that have ended did ("EngineCore was killed by SIGKILL"), or None."""
     from multiprocessing.connection import wait
@@ -161,7 +172,7 @@ def ended_processes(client: Any) -> str | None:
         if not wait([proc.sentinel], timeout=0):
             continue  # still running
         proc.join(timeout=5)  # reaped here, or by vLLM's own monitor thread
-        code = proc.exitcode
+        code = _exit_code(proc)
         if code is not None and code < 0:
             try:
                 name = signal.Signals(-code).name
