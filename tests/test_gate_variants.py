@@ -90,8 +90,12 @@ def _formula(model, ids):
     return (_gate(spec, attn, out, x) if at == "dense" else out), x
 
 
+# FlexAttention compiles its kernel on first use (~15 s on 2 CPU cores, once per process; the variants share it)
+ATTENTION = ["eager", "sdpa", pytest.param("flex_attention", marks=pytest.mark.slow)]
+
+
 @pytest.mark.parametrize("variant", [*GATED, *COMBINATIONS])
-@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("attn", ATTENTION)
 def test_each_variant_computes_the_written_out_formula(variant, attn):
     model = _model(variant)
     model.config._attn_implementation = attn
@@ -169,6 +173,27 @@ def test_malformed_gate_keys_in_a_config_are_refused():
         gate_of({"attn_gate": ["value"]})
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (FlexAttention has no backward on CPU)")
+@pytest.mark.parametrize("variant", [n for n in GATED if n != "silu"])
+def test_each_variant_trains_with_flex_attention_as_with_sdpa_on_cuda(variant):
+    """The loss and every gate gradient of a forward and backward through FlexAttention equal SDPA's."""
+    ids = torch.randint(0, SMALL["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(2)).cuda()
+    grads = {}
+    for attn in ("sdpa", "flex_attention"):
+        model = _model(variant).cuda().train()
+        model.config._attn_implementation = attn
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        grads[attn] = loss.detach(), {n: p.grad for n, p in model.named_parameters()
+                                      if any(k in n for k in ("g_proj", "gate_logits", "head_norm"))}
+    torch.testing.assert_close(grads["flex_attention"][0], grads["sdpa"][0], rtol=1e-4, atol=0)
+    assert grads["sdpa"][1].keys() == grads["flex_attention"][1].keys() and grads["sdpa"][1]
+    for name, want in grads["sdpa"][1].items():
+        torch.testing.assert_close(grads["flex_attention"][1][name], want, rtol=1e-3,
+                                   atol=1e-5 * float(want.abs().max()), msg=name)
+
+
 @pytest.mark.parametrize("variant", [n for n in GATED if n != "silu"])
 def test_each_variant_trains_with_gradient_checkpointing(variant):
     """Every gate parameter gets a gradient through a checkpointed forward and backward (what `extend` runs)."""
@@ -191,6 +216,7 @@ def test_the_papers_table_4_renders_in_the_table_4_layout():
     paper = loads((Path(__file__).parent / "data" / "table4" / "paper.json").read_text())
     assert {r["variant"] for r in paper} <= set(NAMED)  # every row is a variant longctx builds
     rows = [Table4Row(r["method"], r["gate"], r["m_act"], r["f_attn"], r["ppl"]) for r in paper]
+    assert table4_markdown(rows) in (Path(__file__).parent.parent / "docs" / "compare.md").read_text()  # as shown
     assert table4_markdown(rows).splitlines() == [
         "| Method | Gate score | M-Act | F-Attn | PPL | RULER avg. |",
         "| --- | --- | --- | --- | --- | --- |",

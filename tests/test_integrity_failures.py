@@ -327,6 +327,19 @@ def test_a_yaml_alias_bomb_is_refused_before_it_expands():
     assert small == {"a": [1, 2], "b": [[1, 2], [1, 2]]}
 
 
+def test_yaml_merge_keys_give_defaults_that_a_mapping_overrides():
+    """`<<: *anchor` (recipes/tiny-ablations.yaml shares one init among its models): the mapping's own keys
+    override the merged ones, and a key the mapping itself gives twice is still refused."""
+    import yaml
+
+    from longctx.core.parse import load_yaml
+
+    text = "a: &a {x: 1, y: 2}\nb: {<<: *a, y: 3}\nc:\n  <<: *a\n  z: 4\n"
+    assert load_yaml(text) == {"a": {"x": 1, "y": 2}, "b": {"x": 1, "y": 3}, "c": {"x": 1, "y": 2, "z": 4}}
+    with pytest.raises(yaml.YAMLError, match="found the key 'y' twice"):
+        load_yaml("a: &a {x: 1}\nb: {<<: *a, y: 3, y: 4}\n")
+
+
 # --- every JSON document through longctx.core.parse --------------------------------------------------
 
 _RAW_JSON = re.compile(r"\bjson\.loads?\(|\.json\(\)")

@@ -10,6 +10,7 @@ gate statistics against `record_gate_scores`.
 """
 
 import json
+import math
 import random
 
 import pytest
@@ -208,17 +209,24 @@ def _eager_reference(ckpt, windows, **config):
     last = []
     model.base_model.layers[-1].register_forward_hook(lambda _m, _i, out: last.append(out.abs().amax(dim=(1, 2))))
     with torch.no_grad():
-        o = model(torch.tensor(windows), output_attentions=True, output_hidden_states=True)
+        ids = torch.tensor(windows)
+        o = model(ids, labels=ids, output_attentions=True, output_hidden_states=True)
     fta = torch.stack([a[:, :, 1:, 0].mean(dim=(0, 2)) for a in o.attentions])
     m_act = [h.abs().amax(dim=(1, 2)).mean().item() for h in o.hidden_states[1:-1]] + [last[0].mean().item()]
-    return fta, m_act, o.attentions
+    return fta, m_act, o.attentions, o.loss.item()
 
 
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
 @pytest.mark.slow
-def test_every_architecture_matches_its_eager_attention(name, architecture_checkpoint, tmp_path, text_file):
+def test_every_architecture_matches_its_eager_attention(name, architecture_checkpoint, tmp_path, text_file,
+                                                       monkeypatch):
+    """First-token attention, M-Act and the loss (with its logits formed 40 positions at a time) equal what
+    transformers' own eager forward gives, in every architecture (Gemma 2 soft-caps its final logits)."""
     from transformers import AutoTokenizer
 
+    import longctx.sinks.loss
+
+    monkeypatch.setattr(longctx.sinks.loss, "CHUNK_BYTES", 4 * 32064 * 2 * 40)
     ckpt = architecture_checkpoint(name)
     length = 256  # the trained length, past the 128-token sliding windows of mistral and gemma2
     # chunk 48: the chunk [96, 144) straddles the windows' edge
@@ -227,7 +235,9 @@ def test_every_architecture_matches_its_eager_attention(name, architecture_check
                       log=lambda _: None).results
     assert load_sinks(tmp_path / "out") == json.loads(json.dumps(r))
     windows, _ = token_windows(AutoTokenizer.from_pretrained(ckpt), str(text_file), 2, length)
-    fta, m_act, attentions = _eager_reference(ckpt, windows)
+    fta, m_act, attentions, loss = _eager_reference(ckpt, windows)
+    assert r["loss"]["mean"] == pytest.approx(loss, rel=1e-5)
+    assert r["loss"]["tokens"] == 2 * (length - 1) and r["loss"]["perplexity"] == pytest.approx(math.exp(loss), rel=1e-4)
 
     torch.testing.assert_close(torch.tensor(r["first_token_attention_per_head"]), fta, rtol=1e-5, atol=1e-7)
     assert r["first_token_attention"] == pytest.approx(fta.mean(1).tolist(), rel=1e-5)
@@ -244,23 +254,36 @@ def test_every_architecture_matches_its_eager_attention(name, architecture_check
 
 
 @pytest.mark.slow
-def test_soft_capped_attention_is_measured_capped_and_run_eager(architecture_checkpoint, tmp_path, text_file):
+def test_soft_capped_attention_is_measured_capped_and_run_eager(architecture_checkpoint, tmp_path, text_file,
+                                                                monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    # a cap of the size of the tiny model's scores, so that capping moves F-Attn by ~1% (50 would move it ~1e-9)
-    ckpt = architecture_checkpoint("gemma2", attn_logit_softcapping=0.05)
+    import longctx.sinks.loss
+
+    # caps of the size of the tiny model's scores and logits, so that capping moves F-Attn by ~1% (50 would move
+    # it ~1e-9) and the loss visibly
+    ckpt = architecture_checkpoint("gemma2", attn_logit_softcapping=0.05, final_logit_softcapping=0.05)
     length = 192
     r = measure_sinks(SinksSettings(checkpoint=str(ckpt), output=str(tmp_path / "out"), data=str(text_file),
                                     tokens=2 * length, length=length, chunk=64), progress=False,
                       log=lambda _: None).results
     windows, _ = token_windows(AutoTokenizer.from_pretrained(ckpt), str(text_file), 2, length)
-    fta, m_act, _ = _eager_reference(ckpt, windows)
+    fta, m_act, _, loss = _eager_reference(ckpt, windows)
     torch.testing.assert_close(torch.tensor(r["first_token_attention_per_head"]), fta, rtol=1e-5, atol=1e-7)
     assert r["m_act"] == pytest.approx(m_act, rel=1e-5)
+    assert r["loss"]["mean"] == pytest.approx(loss, rel=1e-5)
     assert r["settings"]["attn_implementation"] == "eager"
     assert r["settings"]["attn_logit_softcapping"] == [0.05, 0.05]
-    uncapped, _, _ = _eager_reference(ckpt, windows, attn_logit_softcapping=None)
-    assert ((uncapped - fta).abs() / fta).max() > 1e-3
+    uncapped, _, _, uncapped_loss = _eager_reference(ckpt, windows, attn_logit_softcapping=None,
+                                                     final_logit_softcapping=None)
+    assert ((uncapped - fta).abs() / fta).max() > 1e-3 and abs(uncapped_loss - loss) > 1e-2
+    # a logit step longctx's table lacks: the model's own logits are the oracle, and no loss is reported
+    model = AutoModelForCausalLM.from_pretrained(ckpt).eval()
+    monkeypatch.delitem(longctx.sinks.loss.LOGIT_STEPS, "final_logit_softcapping")
+    note = longctx.sinks.loss.check_logits(model, windows[0], "cpu")
+    assert note.startswith("Gemma2ForCausalLM transforms its logits in a way longctx does not know")
+    assert longctx.sinks.loss.LossSum(note=note).as_dict() == {"mean": None, "perplexity": None, "tokens": 0,
+                                                               "note": note}
     # why eager: transformers' SDPA path drops the cap (its output is the uncapped model's), so running
     # Gemma 2 through SDPA would change the forward the measurement describes
     hidden = {}
@@ -306,7 +329,8 @@ def test_compare_shows_sink_columns(tmp_path):
 
     (base / "sinks.json").write_text(json.dumps(_fake_sinks("fp-base", "base", 0.4671, 1053.2, None)))
     (tmp_path / "elsewhere").mkdir()
-    (tmp_path / "elsewhere" / "sinks.json").write_text(json.dumps(_fake_sinks("fp-gate", "gate", 0.048, 94.4, 0.116)))
+    (tmp_path / "elsewhere" / "sinks.json").write_text(json.dumps(
+        {**_fake_sinks("fp-gate", "gate", 0.048, 94.4, 0.116), "loss": {"mean": 1.751, "perplexity": 5.761}}))
     (plain / "sinks.json").write_text(json.dumps(_fake_sinks("fp-other", "x", 0.3, 10.0, None)))
     c = compare(CompareSettings(runs=[base, gate, plain], sinks=[tmp_path / "elsewhere"], output=tmp_path / "cmp"))
     assert c.columns[-3:] == ["First-token attn", "M-Act", "Gate mean"]
@@ -315,9 +339,25 @@ def test_compare_shows_sink_columns(tmp_path):
     assert "| plain | 70.00 | 60.00 | 65.00 | - | - | - |" in c.markdown
     assert any("sinks.json is for another checkpoint" in n for n in c.notes)
     rows = (tmp_path / "cmp" / "compare.csv").read_text().splitlines()
-    assert rows[0].endswith(",first_token_attention,m_act,gate_mean")
-    assert rows[1].endswith(",0.4671,1053.2,") and rows[2].endswith(",0.048,94.4,0.116") and rows[3].endswith(",,,")
+    assert rows[0].endswith(",first_token_attention,m_act,gate_mean,perplexity")
+    assert rows[1].endswith(",0.4671,1053.2,,") and rows[2].endswith(",0.048,94.4,0.116,5.761")
+    assert rows[3].endswith(",,,,")
     assert (tmp_path / "cmp" / "compare-sinks.png").read_bytes()[:4] == b"\x89PNG"
+
+    # the paper's Table 4 layout: the sinks values and perplexity, then the RULER average
+    t4 = compare(CompareSettings(runs=[base, gate, plain], sinks=[tmp_path / "elsewhere"], layout="table4",
+                                 output=tmp_path / "t4"))
+    assert t4.markdown.splitlines()[:5] == [
+        "| Method | Gate score | M-Act | F-Attn | PPL | RULER avg. |",
+        "| --- | --- | --- | --- | --- | --- |",
+        "| base | – | 1053 | 0.467 | – | 85.00 |",
+        "| gate | 0.116 | 94 | 0.048 | 5.761 | 92.50 |",
+        "| plain | – | – | – | – | 65.00 |"]
+    assert "The Gated Attention paper's Table 4 layout" in t4.markdown and "First-token attn," not in t4.markdown
+    runs = json.loads((tmp_path / "t4" / "compare.json").read_text())["runs"]
+    assert [r["sinks"] for r in runs] == [
+        {"first_token_attention": 0.4671, "m_act": 1053.2, "gate_mean": None, "perplexity": None},
+        {"first_token_attention": 0.048, "m_act": 94.4, "gate_mean": 0.116, "perplexity": 5.761}, None]
 
 
 @pytest.mark.slow

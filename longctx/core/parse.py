@@ -58,10 +58,10 @@ def loads(data: str | bytes, *, max_depth: int = MAX_DEPTH, max_bytes: int | Non
 
 def load_yaml(text: str, *, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_YAML_NODES,
               max_bytes: int | None = None) -> Any:
-    """`yaml.safe_load(text)`, refusing a mapping with a key twice (YAML 1.2 requires unique keys; PyYAML keeps
-    the last one silently), nesting deeper than `max_depth`, a document whose aliases expand to more than
-    `max_nodes` nodes, and text longer than `max_bytes` characters. Errors are `yaml.YAMLError` (syntax,
-    duplicate keys) or LimitError."""
+    """`yaml.safe_load(text)` (merge keys `<<: *anchor` included), refusing a mapping with a key twice (YAML 1.2
+    requires unique keys; PyYAML keeps the last one silently), nesting deeper than `max_depth`, a document whose
+    aliases expand to more than `max_nodes` nodes, and text longer than `max_bytes` characters. Errors are
+    `yaml.YAMLError` (syntax, duplicate keys) or LimitError."""
     import yaml
 
     check_size(len(text), max_bytes)
@@ -83,6 +83,8 @@ def load_yaml(text: str, *, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_YAM
     def mapping(loader: Loader, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *anchor` (YAML's merge key): its keys are defaults the mapping's own keys override
             key = loader.construct_object(key_node, deep=True)
             try:
                 duplicate = key in seen

@@ -80,24 +80,13 @@ def _head_dim(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
-def gate_heads(config, spec: GateSpec) -> int:
-    """The heads of the tensor the gate scales: query heads (G1, G4), key/value heads (G2, G3), 0 (G5)."""
-    kind = spec.head_kind
-    if kind is None:
-        return 0
-    return config.num_attention_heads if kind == "query" else config.num_key_value_heads
-
-
 def gate_width(config) -> int:
     """Outputs of the gate's projection (or of its free scores); 0 for the baseline and the parameter-free
     non-linearities."""
     spec = gate_of(config)
-    if spec is None or spec.kind != "gate":
+    if spec is None:
         return 0
-    if spec.position == "dense":
-        return config.hidden_size
-    heads = gate_heads(config, spec)
-    return heads * _head_dim(config) if spec.granularity == "elementwise" else heads
+    return spec.width(config.num_attention_heads, config.num_key_value_heads, _head_dim(config), config.hidden_size)
 
 
 class GatedQwen3Attention(Qwen3Attention):
@@ -114,7 +103,8 @@ class GatedQwen3Attention(Qwen3Attention):
                 self.g_proj = nn.Linear(config.hidden_size, width, bias=config.attention_bias)
             else:  # input-independent: learnt scores, zero-initialised (Table 4 row 6)
                 self.gate_logits = nn.Parameter(torch.zeros(width))
-            self.gate_score = GateScore(spec.activation, gate_heads(config, spec) if spec.heads == "shared" else 0)
+            shared = spec.position_heads(config.num_attention_heads, config.num_key_value_heads)
+            self.gate_score = GateScore(spec.activation, shared if spec.heads == "shared" else 0)
 
     def _gated(self, y: torch.Tensor, x: torch.Tensor, heads_first: bool = False) -> torch.Tensor:
         """`y` through the gate, scores computed from `x` (b, s, hidden). `y` is (b, s, heads, head_dim),

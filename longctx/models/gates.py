@@ -82,6 +82,21 @@ class GateSpec:
             return "query"
         return {"sdpa": "query", "query": "query", "value": "kv", "key": "kv"}.get(self.position)
 
+    def position_heads(self, heads: int, kv_heads: int) -> int:
+        """The heads of the tensor the gate scales: `heads` (query heads: G1, G4), `kv_heads` (G2, G3), 0 (G5)."""
+        kind = self.head_kind
+        return 0 if kind is None else heads if kind == "query" else kv_heads
+
+    def width(self, heads: int, kv_heads: int, head_dim: int, hidden_size: int) -> int:
+        """Outputs of the gate's projection (or its free scores) in a model of these sizes; 0 without parameters
+        to shape (the parameter-free non-linearities)."""
+        if self.kind != "gate":
+            return 0
+        if self.position == "dense":
+            return hidden_size
+        n = self.position_heads(heads, kv_heads)
+        return n * head_dim if self.granularity == "elementwise" else n
+
     def scored_heads(self, heads: int, kv_heads: int) -> tuple[int, str]:
         """How many heads the applied scores have, and whose they are: the position's own heads, or one when the
         gate is head-shared or at G5."""
@@ -89,7 +104,8 @@ class GateSpec:
             return 1, "all heads (shared)"
         if self.position == "dense":
             return 1, "the hidden state (G5)"
-        return (heads, "query heads") if self.head_kind == "query" else (kv_heads, "key/value heads")
+        n = self.position_heads(heads, kv_heads)
+        return n, "query heads" if self.head_kind == "query" else "key/value heads"
 
     def words(self) -> str:
         """The spec in words, as `longctx info` shows it."""

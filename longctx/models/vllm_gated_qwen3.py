@@ -63,14 +63,15 @@ class GatedQwen3Attention(Qwen3Attention):
         are replicated. Input-independent scores are replicated and sliced the same way."""
         tp_size, tp_rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
         per_head = self.head_dim if gate.granularity == "elementwise" else 1
-        if gate.position == "dense":
-            total, local, first = hidden_size, hidden_size, 0
+        total = gate.position_heads(self.total_num_heads, self.total_num_kv_heads)
+        if gate.position == "dense":  # replicated whole: the hidden state
+            local = first = 0
         elif gate.head_kind == "query":
-            total, local, first = self.total_num_heads, self.num_heads, tp_rank * self.num_heads
+            local, first = self.num_heads, tp_rank * self.num_heads
         else:
-            total, local = self.total_num_kv_heads, self.num_kv_heads
+            local = self.num_kv_heads
             first = tp_rank * local if total >= tp_size else tp_rank // (tp_size // total)
-        width = total if gate.position == "dense" else total * per_head
+        width = gate.width(self.total_num_heads, self.total_num_kv_heads, self.head_dim, hidden_size)
         split = gate.position != "dense" and gate.heads == "specific" and (gate.head_kind == "query"
                                                                            or total >= tp_size)
         whole = gate.position == "dense" or gate.heads == "shared" or tp_size == 1

@@ -306,6 +306,7 @@ def run_recipe(path: str | os.PathLike, out_dir: str | os.PathLike | None = None
         log("")
         log(comparison)
     log(f"\ndone in {time.time() - t0:.0f} s; files in {out}:")
+    width = max((len(s.label) for s in steps), default=0)
     for s in steps:
-        log(f"  {s.label:<24} {', '.join(map(str, s.outputs))}")
+        log(f"  {s.label:<{width}} {', '.join(map(str, s.outputs))}")
     return RecipeResult(out, steps, comparison)

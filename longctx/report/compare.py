@@ -4,8 +4,9 @@ Default layout: a row per run, a column per length any run has ('-' where a run 
 lengths every run has, degradation vs a reference length, and the mean per-length difference vs the run's
 parent (when it is the YaRN child of another run) and vs a baseline run. `--layout table5`: the Gated
 Attention paper's Table 5, a row per run and a column per length ('–' where absent), a YaRN run's cells as
-`score (score - parent's score)`. A run's parent is the run whose checkpoint fingerprint is its
-`parent_fingerprint`, or the one `--parent CHILD=PARENT` names.
+`score (score - parent's score)`. `--layout table4`: the paper's Table 4, a row per run with the gate score,
+M-Act, first-token attention and perplexity of its sinks results and its RULER Avg. A run's parent is the run
+whose checkpoint fingerprint is its `parent_fingerprint`, or the one `--parent CHILD=PARENT` names.
 
 Runs are compared on the tasks they share and, where sample counts differ, on the samples they share. With
 `--baseline` (and in the table5 layout, each YaRN run vs its parent) the differences come with statistics

@@ -13,12 +13,19 @@ from longctx.core.files import make_output, write_atomic, write_json
 from longctx.report import stats
 from longctx.report.comparison import Comparison
 from longctx.report.plots import Series, plot_lines
-from longctx.report.sinks import plot_sinks
+from longctx.report.sinks import perplexity, plot_sinks
 
 COMPARISON_KIND = "comparison"  # its `longctx.core.files` output marker
 
 COMPARE_FORMAT = "longctx-compare/1"
-SINK_KEYS = ["first_token_attention", "m_act", "gate_mean"]  # compare.csv's columns of the sinks averages
+SINK_KEYS = ["first_token_attention", "m_act", "gate_mean", "perplexity"]  # compare.csv/json's sinks values
+
+
+def sink_values(doc) -> dict[str, float | None] | None:
+    """SINK_KEYS of a run's sinks results (averages over layers, and the windows' perplexity); None without."""
+    if doc is None:
+        return None
+    return {**{k: doc["averages"].get(k) for k in SINK_KEYS[:-1]}, "perplexity": perplexity(doc)}
 
 
 def comparison_json(cmp: Comparison) -> dict[str, Any]:
@@ -32,7 +39,7 @@ def comparison_json(cmp: Comparison) -> dict[str, Any]:
         "format": COMPARE_FORMAT, "layout": cmp.layout, "tasks": cmp.tasks, "lengths": cmp.lengths,
         "reference": cmp.reference, "baseline": cmp.baseline,
         "runs": [{"name": r.name, "run_dir": str(r.path), "fingerprint": r.results["model"].get("fingerprint"),
-                  "parent": r.parent} for r in cmp.runs],
+                  "parent": r.parent, "sinks": sink_values(r.sinks)} for r in cmp.runs],
         "per_length": {n: by_length(scores) for n, scores in cmp.per_length.items()},
         "avg": {r.name: cmp.table.avg(r) for r in cmp.runs},
         "intervals": {n: by_length(intervals[n]) if any(b is not None for b in intervals[n].values()) else None
@@ -52,10 +59,10 @@ def comparison_csv(cmp: Comparison) -> str:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["run", *table.lengths, "avg", *[f"delta_{L}_vs_{table.reference}" for L in later], *sink_keys])
     for r in table.runs:
-        averages = r.sinks["averages"] if r.sinks is not None else {}
+        values = sink_values(r.sinks) or {}
         w.writerow([r.name, *["" if L not in r.per_length else r.per_length[L] for L in table.lengths], table.avg(r),
                     *["" if table.delta(r, L) is None else table.delta(r, L) for L in later],
-                    *["" if averages.get(k) is None else averages[k] for k in sink_keys]])
+                    *["" if values.get(k) is None else values[k] for k in sink_keys]])
     return buf.getvalue()
 
 

@@ -6,16 +6,18 @@ from __future__ import annotations
 from longctx.core.units import length_label
 from longctx.report import stats
 from longctx.report.comparison import ComparedRun, Comparison, ReportedDifference, RunDifference
-from longctx.report.sinks import COMPARE_COLUMNS, compare_cells
+from longctx.report.settings import LAYOUTS
+from longctx.report.sinks import COMPARE_COLUMNS, TABLE4_COLUMNS, Table4Row, compare_cells, table4_cells
 from longctx.report.tables import fmt, fmt_pm, markdown_row
 
-ABSENT = {"default": "-", "table5": "–"}  # a cell of a length the run does not have
+ABSENT = {"default": "-", "table5": "–", "table4": "–"}  # a cell of a value the run does not have
 
 
 def table_cells(cmp: Comparison) -> tuple[list[str], list[list[str]]]:
-    """The table's columns and a row of cells per run, then the sink columns when a run has sinks results."""
-    columns, rows = _table5_rows(cmp) if cmp.layout == "table5" else _default_rows(cmp)
-    if any(r.sinks for r in cmp.runs):
+    """The table's columns and a row of cells per run, then the sink columns when a run has sinks results (and
+    the layout has not shown them already)."""
+    columns, rows = LAYOUT_ROWS[cmp.layout](cmp)
+    if cmp.layout != "table4" and any(r.sinks for r in cmp.runs):
         columns += COMPARE_COLUMNS
         for row, run in zip(rows, cmp.runs):
             row += compare_cells(run.sinks)
@@ -93,11 +95,33 @@ def _table5_rows(cmp: Comparison) -> tuple[list[str], list[list[str]]]:
     return columns, rows
 
 
+def _table4_rows(cmp: Comparison) -> tuple[list[str], list[list[str]]]:
+    """The paper's Table 4: a row per run, its sinks.json's averages over layers and perplexity, and its RULER
+    Avg. (over the lengths every run has)."""
+    rows = []
+    for run in cmp.runs:
+        avg = cmp.table.avg(run)
+        row = Table4Row.of(run.name, run.sinks, avg) if run.sinks else Table4Row(run.name, None, None, None, None, avg)
+        rows.append(table4_cells(row, ABSENT["table4"]))
+    return list(TABLE4_COLUMNS), rows
+
+
+# compare's layouts (`longctx.report.settings.LAYOUTS` says what each shows): name -> (columns, rows) of the table
+LAYOUT_ROWS = {"default": _default_rows, "table5": _table5_rows, "table4": _table4_rows}
+assert set(LAYOUT_ROWS) == set(LAYOUTS) == set(ABSENT), "a layout needs its rows, its description and its absent cell"
+
+
 def _legend(cmp: Comparison) -> list[str]:
     """What the table's scores and columns are."""
     tasks = cmp.tasks
     task_words = f"{len(tasks)} RULER task{'s' if len(tasks) > 1 else ''}" if tasks else "each run's RULER tasks"
-    if cmp.layout == "table5":
+    if cmp.layout == "table4":
+        lines = [f"The Gated Attention paper's Table 4 layout: Gate score (mean over layers of the gate scores as "
+                 f"applied), M-Act and F-Attn (first-token attention), means over layers, and PPL (the perplexity of "
+                 f"the measured windows) from each run's 'longctx sinks' results; RULER avg.: the mean of "
+                 f"{task_words} over the lengths every run has; '{ABSENT['table4']}': not measured, or no gate "
+                 "scores."]
+    elif cmp.layout == "table5":
         children = ", ".join(f"{c}: parent {p}" for c, p in cmp.parents.items())
         lines = [f"Scores: mean of {task_words} per length" + (
             f"; in brackets, a YaRN run's score minus its parent's at that length ({children})" if cmp.parents else "")
@@ -109,7 +133,7 @@ def _legend(cmp: Comparison) -> list[str]:
                  "over the lengths both have."]
     if cmp.show_intervals:
         lines.append(f"±: half the width of the score's {stats.INTERVAL_WORDS}.")
-    if cmp.sinks:
+    if cmp.sinks and cmp.layout != "table4":
         lines.append("First-token attn, M-Act, Gate mean: 'longctx sinks' averages over layers (from sinks.json).")
     return lines
 

@@ -8,7 +8,14 @@ from longctx.core.errors import ref
 from longctx.core.kinds import Bool, Choice, Length, LocalPath, LocalPaths, Overrides
 from longctx.core.settings import REQUIRED, Settings, setting
 
-LAYOUTS = ("default", "table5")
+# compare's layouts: name -> what it shows (`longctx.report.compare_text.LAYOUT_ROWS` has a row builder for each)
+LAYOUTS = {
+    "default": "a row per run with Avg., degradation and differences",
+    "table5": "the Gated Attention paper's Table 5 (a YaRN run's difference to its parent in brackets)",
+    "table4": "the Gated Attention paper's Table 4 (gate score, M-Act, F-Attn and perplexity from each run's "
+              "sinks.json, then its RULER Avg.)",
+}
+LAYOUT_HELP = "; ".join(f"{k}: {v}" for k, v in LAYOUTS.items()) + "."
 FORMATS = ("lm-eval", "ruler")  # `longctx export` (longctx.report.external)
 
 
@@ -25,9 +32,7 @@ class CompareSettings(Settings):
                                  "Also write compare.md, compare.csv and compare.png here.", short="-o")
     sinks: list[str] = setting([], LocalPaths(), "sinks.json files (or folders holding one) to show beside the runs "
                                                  "they match by checkpoint fingerprint (repeatable).")
-    layout: str = setting("default", Choice(LAYOUTS, "layout"),
-                          "default: a row per run with Avg., degradation and differences; table5: the Gated "
-                          "Attention paper's Table 5 (a YaRN run's difference to its parent in brackets).")
+    layout: str = setting("default", Choice(tuple(LAYOUTS), "layout"), LAYOUT_HELP)
     intervals: bool = setting(False, Bool(), "Show each score as score ± the half-width of its 95% interval.",
                               flag="--intervals/--no-intervals")
     parents: dict = setting({}, Overrides(), "CHILD=PARENT: the run CHILD was extended from (repeatable; runs "

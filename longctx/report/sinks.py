@@ -25,17 +25,30 @@ def _m_act(v: float) -> str:
     return f"{v:.0f}" if abs(v) >= 10 else f"{v:.3g}"
 
 
-SUMMARY_COLUMNS = ["Model", "First-token attn", "M-Act", "Gate mean", "Gate median", "Gate <0.1", "Gate <0.5"]
+SUMMARY_COLUMNS = ["Model", "First-token attn", "M-Act", "Gate mean", "Gate median", "Gate <0.1", "Gate <0.5",
+                   "Loss", "PPL"]
+
+
+def perplexity(doc: SinksResults) -> float | None:
+    """The perplexity of the measured windows (None: not measured, as in files written before longctx did)."""
+    return (doc.get("loss") or {}).get("perplexity")
+
+
+def _loss_cells(doc: SinksResults) -> list[str]:
+    loss = doc.get("loss") or {}
+    return ["-" if loss.get("mean") is None else f"{loss['mean']:.4f}",
+            "-" if loss.get("perplexity") is None else f"{loss['perplexity']:.3f}"]
 
 
 def sinks_markdown(runs: Sequence[SinksResults], names: Sequence[str] | None = None) -> str:
-    """The paper's Table 4 shape: a row per checkpoint, averages over layers."""
+    """The paper's Table 4 shape: a row per checkpoint, averages over layers, and the windows' loss."""
     names = names or [r["model"].get("name", "?") for r in runs]
     lines = [markdown_row(SUMMARY_COLUMNS), markdown_row(["---"] * len(SUMMARY_COLUMNS))]
     for name, r in zip(names, runs):
         a = r["averages"]
         lines.append(markdown_row([name, _num(a["first_token_attention"]), _m_act(a["m_act"]),
-                                   *[_num(a[f"gate_{k}"]) for k in ("mean", "median", "below_0_1", "below_0_5")]]))
+                                   *[_num(a[f"gate_{k}"]) for k in ("mean", "median", "below_0_1", "below_0_5")],
+                                   *_loss_cells(r)]))
     return "\n".join(lines)
 
 
@@ -57,7 +70,10 @@ def layer_markdown(r: SinksResults) -> str:
         lines += [markdown_row([str(i), *map(_num, row)]) for i, row in enumerate(g["per_head"]["mean"])]
     s = r["settings"]
     lines += ["", f"{s['windows']} window(s) of {s['length']} tokens from {s['data']}"
-                  f"{' (BOS first)' if s['bos'] else ''}; first-token attention excludes query position 0."]
+                  f"{' (BOS first)' if s['bos'] else ''}; first-token attention excludes query position 0; loss: "
+                  "mean next-token cross-entropy in nats (held-out only on text the model was not trained on)."]
+    if (r.get("loss") or {}).get("note"):
+        lines.append(f"No loss: {r['loss']['note']}.")
     return "\n".join(lines)
 
 
@@ -104,29 +120,31 @@ class Table4Row:
 
     method: str
     gate: float | None
-    m_act: float
-    f_attn: float
+    m_act: float | None
+    f_attn: float | None
     ppl: float | None = None
     ruler: float | None = None
 
     @classmethod
     def of(cls, method: str, doc: SinksResults, ruler: float | None = None) -> Table4Row:
-        """The row of a checkpoint's sinks.json (and its RULER average); sinks.json holds no held-out loss, so no
-        perplexity."""
+        """The row of a checkpoint's sinks.json (and its RULER average)."""
         a = doc["averages"]
-        return cls(method, a["gate_mean"], a["m_act"], a["first_token_attention"], None, ruler)
+        return cls(method, a["gate_mean"], a["m_act"], a["first_token_attention"], perplexity(doc), ruler)
+
+
+def table4_cells(r: Table4Row, absent: str = "–") -> list[str]:
+    """A row's TABLE4_COLUMNS cells; `absent` where a value is not known (or there is no gate)."""
+    def cell(v: float | None, text) -> str:
+        return absent if v is None else text(v)
+
+    return [r.method, cell(r.gate, lambda v: f"{v:.3f}"), cell(r.m_act, _m_act), cell(r.f_attn, lambda v: f"{v:.3f}"),
+            cell(r.ppl, lambda v: f"{v:.3f}"), cell(r.ruler, lambda v: f"{v:.2f}")]
 
 
 def table4_markdown(rows: Sequence[Table4Row]) -> str:
     """The paper's Table 4 layout: a row per method; '–' where a value is not known (or there is no gate)."""
-    def cell(v: float | None, text) -> str:
-        return "–" if v is None else text(v)
-
     lines = [markdown_row(TABLE4_COLUMNS), markdown_row(["---"] * len(TABLE4_COLUMNS))]
-    for r in rows:
-        lines.append(markdown_row([r.method, cell(r.gate, lambda v: f"{v:.3f}"), _m_act(r.m_act), f"{r.f_attn:.3f}",
-                                   cell(r.ppl, lambda v: f"{v:.3f}"), cell(r.ruler, lambda v: f"{v:.2f}")]))
-    return "\n".join(lines)
+    return "\n".join(lines + [markdown_row(table4_cells(r)) for r in rows])
 
 
 COMPARE_COLUMNS = ["First-token attn", "M-Act", "Gate mean"]

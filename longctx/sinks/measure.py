@@ -12,7 +12,9 @@ on held-out text, per layer and averaged over layers (the definitions travel in 
   layer) over tokens and channels of one window, averaged over windows (the max over windows is kept
   too); the average over layers is the number the paper's Table 4 reports;
 - gate scores (gated models only): mean, median and fraction below 0.1 and 0.5 of sigmoid(gate) over
-  tokens, dims and windows, per layer and per head; a baseline model has "no gate" (null in JSON).
+  tokens, dims and windows, per layer and per head; a baseline model has "no gate" (null in JSON);
+- loss: the mean next-token cross-entropy of the windows and its perplexity (Table 4's PPL); it is held-out
+  loss only on text the model was not trained on (another seed of a synthetic kind, or other text).
 
 The model is loaded with longctx's attention function (`longctx.sinks.attention`), registered in
 transformers' attention-function interface: every layer hands it the query and key it would hand SDPA (after
@@ -44,6 +46,7 @@ from longctx.core.files import RULER_RUN_KIND, check_output, make_output, write_
 from longctx.data.sources import iter_documents
 from longctx.data.synthetic import KINDS
 from longctx.sinks.attention import Collector, register_attention
+from longctx.sinks.loss import LossSum, add_window_losses, check_logits
 from longctx.sinks.schema import DEFINITIONS, SINKS_FILE, SINKS_FORMAT, SINKS_KIND, SinksResults
 from longctx.sinks.settings import DEFAULT_MAX_LENGTH, SinksSettings
 
@@ -90,22 +93,26 @@ def _load_model(ckpt: Path, dtype: str, device: str, trust_remote_code: bool):
 
 
 def _forward_all(model, windows: list[list[int]], batch_size: int, chunk: int | None, device: str, progress: bool):
-    """Run every window through the decoder with the collector's hooks; (collector, its summary)."""
+    """Run every window through the decoder with the collector's hooks; (collector, its summary, the windows'
+    next-token loss)."""
     import torch
     from tqdm import tqdm
 
+    loss = LossSum(note=check_logits(model, windows[0], device))  # before the collector: it sees no extra forward
     collector = Collector(model, chunk)
     try:
         bar = tqdm(total=len(windows), desc="sinks", unit="window", disable=not progress)
         with torch.inference_mode():
             for start in range(0, len(windows), batch_size):
                 ids = torch.tensor(windows[start:start + batch_size], device=device)
-                model.base_model(input_ids=ids, use_cache=False)  # no lm_head: 32k x vocab logits are not needed
+                # the decoder alone: logits are formed a chunk of positions at a time for the loss
+                hidden = model.base_model(input_ids=ids, use_cache=False)[0]
                 if start == 0:  # a model that bypasses the attention function fails now, not after every window
                     collector.check_seen()
+                add_window_losses(model, hidden, ids, loss)
                 bar.update(ids.shape[0])
         bar.close()
-        return collector, collector.summary()
+        return collector, collector.summary(), loss
     finally:
         collector.close()
 
@@ -136,7 +143,7 @@ def measure_sinks(s: SinksSettings, progress: bool = True, log: Callable[[str], 
     log(f"{n_windows} window(s) of {length} tokens ({n_windows * length} tokens) from {spec}, on {device} in "
         f"{model_dtype}")
     t_loaded = time.time()
-    collector, stats = _forward_all(model, windows, s.batch_size, s.chunk, device, progress)
+    collector, stats, loss = _forward_all(model, windows, s.batch_size, s.chunk, device, progress)
     t_done = time.time()
 
     settings = {"data": spec, "tokens": s.tokens, "windows": n_windows, "length": length,
@@ -144,7 +151,7 @@ def measure_sinks(s: SinksSettings, progress: bool = True, log: Callable[[str], 
                 "chunk": s.chunk, "dtype": model_dtype, "device": device, **collector.attention_settings()}
     timings = {"load_s": round(t_loaded - t0, 3), "forward_s": round(t_done - t_loaded, 3),
                "total_s": round(t_done - t0, 3), "tokens_per_s": round(n_windows * length / (t_done - t_loaded), 1)}
-    results = _results(model_info(ckpt, fp, s.trust_remote_code), settings, collector, stats, timings)
+    results = _results(model_info(ckpt, fp, s.trust_remote_code), settings, collector, stats, loss, timings)
     out = Path(s.output)
     make_output(out, SINKS_KIND)
     write_json(out / SINKS_FILE, results)
@@ -166,7 +173,7 @@ def _checked_inputs(s: SinksSettings) -> tuple[Path, int, Any]:
 
 
 def _results(model: dict[str, Any], settings: dict[str, Any], collector: Collector, stats: dict[str, Any],
-             timings: dict[str, float]) -> SinksResults:
+             loss: LossSum, timings: dict[str, float]) -> SinksResults:
     """sinks.json: the collector's per-layer statistics and their averages over layers."""
     gate_total = stats.pop("gate_total", None)
     fta, m_act = stats["first_token_attention"], stats["m_act"]
@@ -176,6 +183,7 @@ def _results(model: dict[str, Any], settings: dict[str, Any], collector: Collect
         **stats,
         averages={"first_token_attention": sum(fta) / len(fta), "m_act": sum(m_act) / len(m_act),
                   **{f"gate_{k}": (gate_total or {}).get(k) for k in ("mean", "median", "below_0_1", "below_0_5")}},
+        loss=loss.as_dict(),
         versions=versions(),
         timings=timings,
         created=utc_timestamp(),

@@ -29,7 +29,18 @@ DEFINITIONS = {
             "0.1 and below 0.5; per layer, per head of the gated tensor, and over all layers; null for a model "
             "without gate scores (the baseline, a parameter-free non-linearity); gate_reported says what they "
             "are for this model's gate",
+    "loss": "mean next-token cross-entropy in nats over the windows' positions 1..L-1, each predicted from the "
+            "tokens before it (token 0 is never predicted), and perplexity = exp(mean); null, with a note, when "
+            "the model's own logits could not be reproduced from its final hidden states; held-out only on "
+            "text the model was not trained on",
 }
+
+
+class LossResults(TypedDict):
+    mean: float | None  # nats per predicted token
+    perplexity: float | None
+    tokens: int  # predicted tokens
+    note: str | None  # why there is no loss
 
 
 class GateStats(TypedDict):
@@ -64,6 +75,7 @@ class SinksResults(TypedDict):
     # first_token_attention, m_act (means over layers); gate_mean, gate_median, gate_below_0_1,
     # gate_below_0_5 over all layers (null without a gate)
     averages: dict[str, float | None]
+    loss: NotRequired[LossResults]  # absent in files written before longctx measured it
     versions: dict[str, str | None]
     timings: dict[str, float]
     created: str

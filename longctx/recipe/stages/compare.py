@@ -14,7 +14,7 @@ from longctx.recipe.types import Recipe
 from longctx.report.compare import compare
 from longctx.report.compare_files import COMPARISON_KIND
 from longctx.report.loss import training_curves
-from longctx.report.settings import LAYOUTS, CompareSettings
+from longctx.report.settings import LAYOUT_HELP, LAYOUTS, CompareSettings
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class CompareSection(Settings):
     reference: int | None = setting(None, Length(), "Degradation columns against this length [default: the longest "
                                                     "pre-extension length].", cli=None)
     baseline: str | None = setting(None, Text(), "Model whose last run every other run is compared with.", cli=None)
-    layout: str = setting("default", Choice(LAYOUTS, "layout"), "default or table5 (the paper's Table 5).", cli=None)
+    layout: str = setting("default", Choice(tuple(LAYOUTS), "layout"), LAYOUT_HELP, cli=None)
     intervals: bool = setting(False, Bool(), "Scores as score ± the half-width of their 95% interval.", cli=None)
 
 
