@@ -60,7 +60,7 @@ SAMPLES = {
              attention="flex_attention", peak_tflops=989.4, tokenize_workers=16),
         dict(checkpoint="ckpt", seq_len=512, data=["synthetic:mixed"], steps=10, output="out")],
     CompareSettings: [dict(runs=["a", "b"], baseline="a", reference=4096, output="out", sinks=["a/sinks.json"],
-                           layout="table5", intervals=True, parents={"b": "a"})],
+                           layout="table5", intervals=True, parents={"b": "a"}, replicates={"m": ["a", "b"]})],
     ExportSettings: [dict(run="run", format="ruler", output="out", overwrite=True)],
     PrepareSettings: [dict(tokenizer="tok", lengths=[4096, 8192], tasks=["vt", "cwe"], samples=3, seed=1,
                            template="chat", data_dir="data", essay="essay.json", squad="squad.json",

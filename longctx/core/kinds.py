@@ -277,6 +277,22 @@ def _local(value: str, base: Path) -> str:
     return os.path.normpath(base / os.path.expanduser(value))
 
 
+class Seeds(Kind):
+    """Distinct seeds (integers >= 0): '0,1,2' or [0, 1, 2]."""
+
+    metavar = "SEEDS"
+    words = "a list of distinct integers >= 0"
+
+    def parse(self, value):
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)) or not items:
+            raise self.wrong(value)
+        seeds = [Int(minimum=0).parse(v.strip() if isinstance(v, str) else v) for v in items]
+        if len(set(seeds)) != len(seeds):
+            raise KindError(f"names a seed twice: {value!r}")
+        return seeds
+
+
 class LocalPath(Text):
     """A local path. `directory`: a folder (one to read, or one a verb makes), so a file there (or at a parent
     of it) is refused when the value is parsed, on the command line and in a recipe alike."""
@@ -401,6 +417,37 @@ class Overrides(Kind):
 
     def to_cli(self, value):
         return [f"{k}={json.dumps(v)}" for k, v in value.items()]
+
+    def show(self, value):
+        return " ".join(self.to_cli(value)) or "none"
+
+
+class NamedLists(Kind):
+    """Names of lists of items: a mapping of name -> list in a recipe (or a job), NAME=A,B,C per occurrence on the
+    command line."""
+
+    metavar = "NAME=A,B,..."
+    repeatable = True
+    words = "a mapping of names to lists"
+
+    def parse(self, value):
+        if isinstance(value, (list, tuple)):
+            out = {}
+            for item in value:
+                name, sep, text = str(item).partition("=")
+                items = [v.strip() for v in text.split(",") if v.strip()]
+                if not sep or not name.strip() or not items:
+                    raise KindError(f"is invalid: '{item}' is not NAME=A,B,... (e.g. baseline=runs/b0,runs/b1)")
+                out[name.strip()] = items
+            return out
+        if not isinstance(value, dict) or not all(
+                isinstance(k, str) and isinstance(v, list) and v and all(isinstance(i, (str, os.PathLike)) for i in v)
+                for k, v in value.items()):
+            raise self.wrong(value)
+        return {k: [os.fspath(i) for i in v] for k, v in value.items()}
+
+    def to_cli(self, value):
+        return [f"{k}={','.join(v)}" for k, v in value.items()]
 
     def show(self, value):
         return " ".join(self.to_cli(value)) or "none"

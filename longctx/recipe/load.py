@@ -33,10 +33,10 @@ from longctx.recipe.stages import (
     source_stages,
     stages,
 )
-from longctx.recipe.types import LauncherSettings, Model, Recipe
+from longctx.recipe.types import LauncherSettings, Model, Recipe, SweepSettings, seed_name
 
 # The recipe's own top-level keys; the others are its stages' sections.
-OWN_KEYS = ("description", "base", "models", "launcher")
+OWN_KEYS = ("description", "base", "models", "launcher", "sweep")
 # A model name names folders (`<out>/<name>/<stage>/<name>-<stage>`, and a writer's temporary
 # `.<name>-<stage>.tmp-<host>-<pid>-<random>` beside them) and must leave room in a file name's 255 bytes.
 MAX_NAME = 64
@@ -302,8 +302,47 @@ def load_recipe(path: str | os.PathLike, offline_data: bool = True) -> Recipe:
     if description is not None and (not isinstance(description, str) or not description.strip()):
         raise _fail(file, "description", f"must be a string, got {description!r}")
     recipe = Recipe(path, models, sections, launcher, description, raw)
+    recipe.sweep = _sweep(raw.get("sweep"), recipe)
     _check(recipe)
     return recipe
+
+
+def seeded_stages(recipe: Recipe) -> list[str]:
+    """The stages of `recipe` that have a `seed` a sweep can set, in stage order (a model source first)."""
+    have = {m.source for m in recipe.models} | set(recipe.stages)
+    sections = {**{n: s.section for n, s in source_stages().items()}, **stage_sections()}
+    return [n for n in stages() if n in have and "seed" in {f.name for f, _ in sections[n].specs()}]
+
+
+def _sweep(raw: Any, recipe: Recipe) -> SweepSettings | None:
+    """The recipe's seed sweep, its stages resolved (default: init and the training stages); InputError for a
+    stage that is not one of the recipe's with a seed, or replicate names that would be too long."""
+    if raw is None:
+        return None
+    file = str(recipe.path)
+    sweep = parse_section(SweepSettings, raw, file, "sweep")
+    seeded = seeded_stages(recipe)
+    default = [n for n in seeded if n in source_stages() or stages()[n].trains]
+    chosen = sweep.stages if sweep.stages is not None else default
+    for name in chosen:
+        if name not in seeded:
+            raise _fail(file, "sweep.stages", f"names '{name}', not a stage of this recipe with a seed (choose from "
+                                              f"{', '.join(seeded) or 'none: no stage here has one'})"
+                                              f"{did_you_mean(name, seeded)}")
+    if not chosen:
+        raise _fail(file, "sweep", "has no stage to set the seed of: this recipe has no init or training stage; "
+                                   f"name the stages in sweep.stages (of {', '.join(seeded) or 'none'})")
+    names = {m.name for m in recipe.models}
+    made = [seed_name(m.name, seed) for m in recipe.models for seed in sweep.seeds]
+    longest = max(made, key=len)
+    if len(longest) > MAX_NAME:
+        raise _fail(file, "sweep.seeds", f"make the model name '{longest}' ({len(longest)} characters), over "
+                                         f"{MAX_NAME}; shorten the model names")
+    clash = next((n for n in made if n in names), None)
+    if clash is not None:
+        raise _fail(file, "sweep.seeds", f"make the model name '{clash}', which is already a model of this recipe; "
+                                         "rename that model")
+    return SweepSettings(seeds=sweep.seeds, stages=[n for n in seeded if n in chosen])
 
 
 def _check(recipe: Recipe) -> None:

@@ -289,7 +289,10 @@ def run_recipe(path: str | os.PathLike, out_dir: str | os.PathLike | None = None
     for s in steps:
         if s.dir.exists() and read_marker(s.dir) is None and any(s.dir.iterdir()):
             raise InputError(f"'{s.dir}' exists and was not written by 'longctx run'; choose another -o")
-    log(f"recipe {recipe.path}: {len(recipe.models)} models ({', '.join(m.name for m in recipe.models)}), "
+    sweep = recipe.sweep
+    seeds = (f" x {len(sweep.seeds)} seeds ({', '.join(map(str, sweep.seeds))}: {', '.join(sweep.stages)} and what "
+             "follows run once per seed)" if sweep else "")
+    log(f"recipe {recipe.path}: {len(recipe.models)} models ({', '.join(m.name for m in recipe.models)}){seeds}, "
         f"stages {', '.join(dict.fromkeys(s.stage for s in steps))}; output {out}")
     if dry_run:
         _dry_run(recipe, steps, from_stage, log)

@@ -43,6 +43,8 @@ class Step:
     reason: str = ""
     launch: list[str] | None = None  # multi-process training: the command line shown (and run)
     hashed: list[Path] = field(default_factory=list)  # more inputs the hash covers, read only if present
+    group: str | None = None  # with a seed sweep: the recipe's model whose seed this step runs
+    seed: int | None = None
 
     @property
     def label(self) -> str:

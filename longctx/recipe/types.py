@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from longctx.core.errors import ref
-from longctx.core.kinds import Choice, Int, Text
-from longctx.core.settings import Settings, setting
+from longctx.core.kinds import Choice, Int, Names, Seeds, Text
+from longctx.core.settings import REQUIRED, Settings, setting
 
 
 @dataclass
@@ -38,6 +38,23 @@ class LauncherSettings(Settings):
             raise self.error(f"{ref('main_process_ip')} is required with num_machines > 1 (machine rank 0's address)")
 
 
+def seed_name(model: str, seed: int) -> str:
+    """The name of a model's run of one seed of the recipe's sweep (its folders and tables use it)."""
+    return f"{model}-seed{seed}"
+
+
+@dataclass(frozen=True)
+class SweepSettings(Settings):
+    """Seeds as an axis: every model runs once per seed, from the first stage whose `seed` the sweep sets on; the
+    stages before it run once and are shared."""
+
+    seeds: list[int] = setting(REQUIRED, Seeds(), "The seeds; a model's run of seed S is the model 'NAME-seedS'.",
+                               cli=None)
+    stages: list[str] | None = setting(None, Names(), "The stages whose seed takes each value: init, pretrain, "
+                                                      "extend, ruler, sinks [default: init and the training stages "
+                                                      "of the recipe].", cli=None)
+
+
 @dataclass
 class Recipe:
     path: Path
@@ -46,3 +63,4 @@ class Recipe:
     launcher: LauncherSettings
     description: str | None = None
     raw: dict[str, Any] = field(default_factory=dict)
+    sweep: SweepSettings | None = None

@@ -19,6 +19,11 @@ tasks or samples. When runs have `longctx sinks` results (`<run_dir>/sinks.json`
 in `sinks`, matched to a run by checkpoint fingerprint), first-token attention, M-Act and gate-mean columns
 follow.
 
+`--replicates NAME=RUN,...` (a recipe's seed sweep passes it) names runs of one model with different seeds: a
+section "Across k seeds" shows each such model's mean over seeds with an interval across seeds, per length,
+overall and for its sinks values, and, when the baseline run is in one of them, the other models' differences to
+it paired seed by seed, with a verdict in words (`longctx.report.compare_seeds`).
+
 With `-o`, compare.md, compare.csv, compare.json (`COMPARE_FORMAT`: runs, per-length scores, intervals,
 differences and `stats.METHOD`) and compare.png are written.
 """
@@ -33,6 +38,7 @@ from longctx.checkpoint.describe import sliding_note
 from longctx.core.errors import InputError
 from longctx.core.files import check_output
 from longctx.report.compare_files import COMPARE_FORMAT, COMPARISON_KIND, write_comparison
+from longctx.report.compare_seeds import group_difference, seed_groups
 from longctx.report.compare_stats import add_intervals, difference, read_samples
 from longctx.report.compare_table import link_parents, load_runs, reference_length, score_table, shared_tasks
 from longctx.report.compare_text import markdown, table_cells
@@ -98,7 +104,7 @@ def _comparison(s: CompareSettings, dirs: list[Path], baseline: Path | None) -> 
     cmp = Comparison(table, tasks, s.layout, notes, baseline=base.name if base else None, show_intervals=s.intervals)
     linked = table5 and bool(cmp.parents)
     # per-sample scores only where intervals or differences need them (reading predictions costs time)
-    if s.intervals or s.output is not None or base is not None or linked:
+    if s.intervals or s.output is not None or base is not None or linked or s.replicates:
         read_samples(runs, tasks)
     if s.intervals or s.output is not None:
         add_intervals(table, tasks, notes if s.intervals else None)
@@ -111,4 +117,11 @@ def _comparison(s: CompareSettings, dirs: list[Path], baseline: Path | None) -> 
     notes += sink_notes
     for r, doc in zip(runs, sinks):
         r.sinks = doc
+    if s.replicates:
+        cmp.seed_groups = seed_groups(s, table, tasks)
+        held = next((g for g in cmp.seed_groups if base in g.runs), None) if base is not None else None
+        if held is not None:
+            cmp.seed_baseline = held.name
+            cmp.seed_differences = {g.name: group_difference(g, held, table, tasks) for g in cmp.seed_groups
+                                    if g is not held}
     return cmp

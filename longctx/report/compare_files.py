@@ -11,6 +11,7 @@ from typing import Any
 from longctx.core.errors import InputError
 from longctx.core.files import make_output, write_atomic, write_json
 from longctx.report import stats
+from longctx.report.compare_seeds import verdict
 from longctx.report.comparison import Comparison
 from longctx.report.plots import Series, plot_lines
 from longctx.report.sinks import perplexity, plot_sinks
@@ -47,7 +48,17 @@ def comparison_json(cmp: Comparison) -> dict[str, Any]:
         "differences": {kind: {n: {**e, "per_length": by_length(e["per_length"])} for n, e in entries.items()}
                         for kind, entries in cmp.differences.items()},
         "method": stats.METHOD, "notes": cmp.notes,
+        "seeds": None if not cmp.seed_groups else {
+            "groups": {g.name: _length_keys(g.as_dict()) for g in cmp.seed_groups},
+            "baseline": cmp.seed_baseline,
+            "differences": {n: _length_keys(d.as_dict()) for n, d in cmp.seed_differences.items()},
+            "verdict": verdict(cmp.seed_differences, cmp.seed_baseline, cmp.lengths)},
     }
+
+
+def _length_keys(d: dict[str, Any]) -> dict[str, Any]:
+    """`d` with its per_length keys as decimal strings (as in results.json)."""
+    return {**d, "per_length": {str(L): v for L, v in d["per_length"].items()}}
 
 
 def comparison_csv(cmp: Comparison) -> str:

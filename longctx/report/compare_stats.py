@@ -63,7 +63,7 @@ def difference(x: ComparedRun, y: ComparedRun, table: ScoreTable, tasks: list[st
         return RunDifference(y.name, None)
     if x.samples is None or y.samples is None:
         return _point_difference(x, y, both, notes)
-    paired, differ, partial = _pairs(x, y, both, tasks)
+    paired, differ, partial = paired_samples(x, y, both, tasks)
     own = {L: (x.sample_scores(tasks, L), y.sample_scores(tasks, L)) for L in both}
     per_length = {L: ReportedDifference.of(stats.paired_difference([paired[L][0]], [paired[L][1]]) if L in paired
                                            else stats.unpaired_difference([own[L][0]], [own[L][1]]))
@@ -92,7 +92,8 @@ def _point_difference(x: ComparedRun, y: ComparedRun, both: list[int], notes: li
                          ReportedDifference.point(sum(gaps.values()) / len(gaps)))
 
 
-def _pairs(x: ComparedRun, y: ComparedRun, both: list[int], tasks: list[str]) -> tuple[Pairs, list[str], list[str]]:
+def paired_samples(x: ComparedRun, y: ComparedRun, both: list[int], tasks: list[str]
+                   ) -> tuple[Pairs, list[str], list[str]]:
     """The lengths where, in every task, some samples of the two runs share their prompt, with those samples'
     scores; and the cells ("task length") where none does, and those paired on only some of their samples."""
     paired: Pairs = {}

@@ -3,21 +3,23 @@ sections of differences between runs with their statistics, and the notes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from longctx.core.units import length_label
 from longctx.report import stats
+from longctx.report.compare_seeds import seeds_markdown
 from longctx.report.comparison import ComparedRun, Comparison, ReportedDifference, RunDifference
 from longctx.report.settings import LAYOUTS
 from longctx.report.sinks import COMPARE_COLUMNS, TABLE4_COLUMNS, Table4Row, compare_cells, table4_cells
 from longctx.report.tables import fmt, fmt_pm, markdown_row
 
-ABSENT = {"default": "-", "table5": "–", "table4": "–"}  # a cell of a value the run does not have
-
 
 def table_cells(cmp: Comparison) -> tuple[list[str], list[list[str]]]:
     """The table's columns and a row of cells per run, then the sink columns when a run has sinks results (and
     the layout has not shown them already)."""
-    columns, rows = LAYOUT_ROWS[cmp.layout](cmp)
-    if cmp.layout != "table4" and any(r.sinks for r in cmp.runs):
+    columns, rows = LAYOUT[cmp.layout].rows(cmp)
+    if not LAYOUT[cmp.layout].shows_sinks and any(r.sinks for r in cmp.runs):
         columns += COMPARE_COLUMNS
         for row, run in zip(rows, cmp.runs):
             row += compare_cells(run.sinks)
@@ -28,13 +30,15 @@ def markdown(cmp: Comparison) -> str:
     """The table (`cmp.columns`, `cmp.rows`), its legend, the sections of differences and the notes."""
     lines = [markdown_row(cmp.columns), markdown_row(["---"] * len(cmp.columns)), *map(markdown_row, cmp.rows), "",
              *_legend(cmp)]
-    absent = ABSENT[cmp.layout]
+    absent = LAYOUT[cmp.layout].absent
     if cmp.against_baseline:
         lines += ["", *_difference_section(f"Paired differences vs {cmp.baseline}", cmp.against_baseline,
                                            cmp.lengths, absent, cmp.baseline)]
     if cmp.against_parent is not None:
         lines += ["", *_difference_section("Paired differences vs parent", cmp.against_parent, cmp.lengths, absent,
                                            None)]
+    if cmp.seed_groups:
+        lines += ["", *seeds_markdown(cmp.seed_groups, cmp.seed_differences, cmp.lengths, cmp.seed_baseline)]
     if cmp.notes:
         lines += ["", *[f"Note: {x}" for x in cmp.notes]]
     return "\n".join(lines)
@@ -86,7 +90,7 @@ def _table5_rows(cmp: Comparison) -> tuple[list[str], list[list[str]]]:
         for L in cmp.lengths:
             v = run.per_length.get(L)
             if v is None:
-                row.append(ABSENT["table5"])
+                row.append(LAYOUT["table5"].absent)
                 continue
             cell = _score(cmp, run, L)
             base = parent.per_length.get(L) if parent else None
@@ -102,38 +106,57 @@ def _table4_rows(cmp: Comparison) -> tuple[list[str], list[list[str]]]:
     for run in cmp.runs:
         avg = cmp.table.avg(run)
         row = Table4Row.of(run.name, run.sinks, avg) if run.sinks else Table4Row(run.name, None, None, None, None, avg)
-        rows.append(table4_cells(row, ABSENT["table4"]))
+        rows.append(table4_cells(row, LAYOUT["table4"].absent))
     return list(TABLE4_COLUMNS), rows
 
 
-# compare's layouts (`longctx.report.settings.LAYOUTS` says what each shows): name -> (columns, rows) of the table
-LAYOUT_ROWS = {"default": _default_rows, "table5": _table5_rows, "table4": _table4_rows}
-assert set(LAYOUT_ROWS) == set(LAYOUTS) == set(ABSENT), "a layout needs its rows, its description and its absent cell"
+def _table4_legend(cmp: Comparison, task_words: str) -> str:
+    return ("The Gated Attention paper's Table 4 layout: Gate score (mean over layers of the gate scores as applied), "
+            "M-Act and F-Attn (first-token attention), means over layers, and PPL (the perplexity of the measured "
+            f"windows) from each run's 'longctx sinks' results; RULER avg.: the mean of {task_words} over the lengths "
+            f"every run has; '{LAYOUT['table4'].absent}': not measured, or no gate scores.")
+
+
+def _table5_legend(cmp: Comparison, task_words: str) -> str:
+    children = ", ".join(f"{c}: parent {p}" for c, p in cmp.parents.items())
+    return (f"Scores: mean of {task_words} per length" + (
+        f"; in brackets, a YaRN run's score minus its parent's at that length ({children})" if cmp.parents else "")
+        + f"; '{LAYOUT['table5'].absent}': a length the run does not have.")
+
+
+def _default_legend(cmp: Comparison, task_words: str) -> str:
+    ref_label = length_label(cmp.reference)
+    return (f"Scores: mean of {task_words} per length; ΔL vs {ref_label}: the run's score at L minus its score at "
+            f"the reference length {ref_label}; Δ vs another run: the mean per-length difference over the lengths "
+            "both have.")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How compare's table is laid out: its columns and rows, the legend's first line, the cell of a value a run
+    does not have, and whether its own columns hold the sinks values."""
+
+    rows: Callable[[Comparison], tuple[list[str], list[list[str]]]]
+    legend: Callable[[Comparison, str], str]
+    absent: str
+    shows_sinks: bool = False
+
+
+# compare's layouts (`longctx.report.settings.LAYOUTS` says in words what each shows)
+LAYOUT = {"default": Layout(_default_rows, _default_legend, "-"),
+          "table5": Layout(_table5_rows, _table5_legend, "–"),
+          "table4": Layout(_table4_rows, _table4_legend, "–", shows_sinks=True)}
+assert set(LAYOUT) == set(LAYOUTS), "every layout of the settings needs its Layout here"
 
 
 def _legend(cmp: Comparison) -> list[str]:
     """What the table's scores and columns are."""
     tasks = cmp.tasks
     task_words = f"{len(tasks)} RULER task{'s' if len(tasks) > 1 else ''}" if tasks else "each run's RULER tasks"
-    if cmp.layout == "table4":
-        lines = [f"The Gated Attention paper's Table 4 layout: Gate score (mean over layers of the gate scores as "
-                 f"applied), M-Act and F-Attn (first-token attention), means over layers, and PPL (the perplexity of "
-                 f"the measured windows) from each run's 'longctx sinks' results; RULER avg.: the mean of "
-                 f"{task_words} over the lengths every run has; '{ABSENT['table4']}': not measured, or no gate "
-                 "scores."]
-    elif cmp.layout == "table5":
-        children = ", ".join(f"{c}: parent {p}" for c, p in cmp.parents.items())
-        lines = [f"Scores: mean of {task_words} per length" + (
-            f"; in brackets, a YaRN run's score minus its parent's at that length ({children})" if cmp.parents else "")
-            + f"; '{ABSENT['table5']}': a length the run does not have."]
-    else:
-        ref_label = length_label(cmp.reference)
-        lines = [f"Scores: mean of {task_words} per length; ΔL vs {ref_label}: the run's score at L minus its "
-                 f"score at the reference length {ref_label}; Δ vs another run: the mean per-length difference "
-                 "over the lengths both have."]
+    lines = [LAYOUT[cmp.layout].legend(cmp, task_words)]
     if cmp.show_intervals:
         lines.append(f"±: half the width of the score's {stats.INTERVAL_WORDS}.")
-    if cmp.sinks and cmp.layout != "table4":
+    if cmp.sinks and not LAYOUT[cmp.layout].shows_sinks:
         lines.append("First-token attn, M-Act, Gate mean: 'longctx sinks' averages over layers (from sinks.json).")
     return lines
 

@@ -129,6 +129,9 @@ class Comparison:
     against_baseline: dict[str, RunDifference] | None = None  # run name -> it − the baseline (None: no baseline)
     against_parent: dict[str, RunDifference] | None = None  # table5: run name -> it − its parent
     show_intervals: bool = False  # scores shown as `score ± half-width`
+    seed_groups: list[Any] = field(default_factory=list)  # `compare_seeds.SeedGroup`s (--replicates)
+    seed_baseline: str | None = None  # the group holding the baseline run
+    seed_differences: dict[str, Any] = field(default_factory=dict)  # group -> `compare_seeds.GroupDifference`
     columns: list[str] = field(default_factory=list)
     rows: list[list[str]] = field(default_factory=list)
     markdown: str = ""

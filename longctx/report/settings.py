@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from longctx.core.errors import ref
-from longctx.core.kinds import Bool, Choice, Length, LocalPath, LocalPaths, Overrides
+from longctx.core.kinds import Bool, Choice, Length, LocalPath, LocalPaths, NamedLists, Overrides
 from longctx.core.settings import REQUIRED, Settings, setting
 
 # compare's layouts: name -> what it shows (`longctx.report.compare_text.LAYOUT_ROWS` has a row builder for each)
@@ -38,6 +38,10 @@ class CompareSettings(Settings):
     parents: dict = setting({}, Overrides(), "CHILD=PARENT: the run CHILD was extended from (repeatable; runs "
                                              "longctx made know theirs by checkpoint fingerprint).",
                             flag="--parent")
+    replicates: dict = setting({}, NamedLists(), "NAME=RUN,RUN,...: runs of one model with different seeds, shown "
+                                                 "together as NAME with intervals across seeds; two such models pair "
+                                                 "seed by seed, in the order given (repeatable; runs by name or "
+                                                 "path).", flag="--replicates")
 
     def check(self) -> None:
         if not self.runs:

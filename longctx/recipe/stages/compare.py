@@ -10,7 +10,7 @@ from longctx.core.kinds import Bool, Choice, Length, Text, did_you_mean
 from longctx.core.settings import Settings, setting
 from longctx.recipe.stage import ComparisonStage, RunContext, Step
 from longctx.recipe.stages import stage
-from longctx.recipe.types import Recipe
+from longctx.recipe.types import Recipe, seed_name
 from longctx.report.compare import compare
 from longctx.report.compare_files import COMPARISON_KIND
 from longctx.report.loss import training_curves
@@ -31,7 +31,7 @@ class CompareStage(ComparisonStage):
     section = CompareSection
     job = CompareSettings
     compares = "ruler"
-    unshown = ("train_logs",)  # paths of the run's own training logs
+    unshown = ("train_logs", "replicates")  # paths of the run's own training logs and of its seeds' runs
     output_kind = COMPARISON_KIND
 
     def check_section(self, section: Settings, models: list[str], file: str) -> None:
@@ -50,16 +50,24 @@ class CompareStage(ComparisonStage):
 
     def step(self, recipe: Recipe, section: Settings, steps: list[Step], folder: Path) -> Step:
         runs: dict[str, list[Path]] = {}
+        replicates: dict[str, list[str]] = {}  # with a seed sweep: "<model>-<checkpoint stage>" -> a run per seed
         for s in steps:
             if s.stage == self.compares:
                 runs[s.model] = s.outputs
+                if s.group is not None:
+                    for c, out in zip(s.settings["checkpoints"], s.outputs):
+                        replicates.setdefault(f"{s.group}-{c}", []).append(str(out))
         every = [r for rs in runs.values() for r in rs]
-        baseline = str(runs[section.baseline][-1]) if section.baseline else None
+        baseline = None
+        if section.baseline:  # a swept model's runs are its seeds': the first seed's stands for its group
+            name = section.baseline if section.baseline in runs else seed_name(section.baseline, recipe.sweep.seeds[0])
+            baseline = str(runs[name][-1])
         train_logs = [str(s.outputs[0]) for s in steps if stage(s.stage).trains]
         job = CompareSettings(runs=[str(r) for r in every], baseline=baseline, reference=section.reference,
-                              output=str(folder), layout=section.layout, intervals=section.intervals)
+                              output=str(folder), layout=section.layout, intervals=section.intervals,
+                              replicates=replicates)
         settings = {"reference": section.reference, "baseline": baseline, "train_logs": train_logs,
-                    "layout": section.layout, "intervals": section.intervals}
+                    "layout": section.layout, "intervals": section.intervals, "replicates": replicates}
         # the loss table reads the training logs: their fingerprints are in the stage hash too
         return Step(None, self.name, folder, settings, every, [folder], [job], hashed=[Path(p) for p in train_logs])
 
