@@ -153,6 +153,32 @@ def test_split_packing_fills_every_sequence_and_keeps_every_token_once(tokenizer
     assert cut >= len(ds) // 2
 
 
+def test_stream_packing_is_split_as_one_causal_stream(tokenizer, corpus, tmp_path, tiny_checkpoint):
+    """`stream`: split's sequences, each with positions 0..seq_len-1 and every token predicting the next, across
+    documents; the model then attends across them as plain causal attention does (no document mask)."""
+    from transformers import AutoModelForCausalLM
+
+    seq_len = 128
+    built = {mode: build_packed_dataset([str(corpus["long"])], tokenizer, seq_len, num_tokens=20_000, packing=mode,
+                                        short_specs=[str(corpus["short"])], short_fraction=0.3,
+                                        cache_dir=tmp_path, log=lambda m: None) for mode in ("split", "stream")}
+    split, stream = built["split"], built["stream"]
+    assert stream.fingerprint != split.fingerprint and len(stream) == len(split)
+    for i in range(len(split)):
+        a, b = split.get(i), stream.get(i)
+        ids, labels, n = b["input_ids"], b["shift_labels"], int(b["tokens"])
+        assert torch.equal(a["input_ids"], ids) and int(a["tokens"]) == n
+        assert torch.equal(b["position_ids"], torch.arange(seq_len))
+        assert torch.equal(labels[:n - 1], ids[1:n]) and labels[n - 1] == a["shift_labels"][n - 1]
+    assert (split.get(0)["position_ids"] == 0).sum() > 1  # split restarts at its documents: the two differ
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint).eval()
+    sample = stream.get(0)
+    with torch.no_grad():
+        hidden = model.model(sample["input_ids"][None], position_ids=sample["position_ids"][None]).last_hidden_state
+        causal = model.model(sample["input_ids"][None]).last_hidden_state
+    torch.testing.assert_close(hidden, causal)
+
+
 @pytest.mark.slow
 def test_split_packing_wastes_under_one_percent_where_whole_wastes_four_in_ten(tokenizer, tmp_path):
     """Documents of ~1.16k tokens at seq_len 2k: whole-document packing leaves ~43% padding, split ≤ 1%."""

@@ -7,10 +7,13 @@ the next one; sources that hold the budget fill exactly the ceil(num_tokens / se
 (none padded; the tokens read past it are not packed), smaller ones pad only their last sequence. `whole`
 packs whole pieces first-fit into sequences (a few stay open, so short pieces fill the gaps long ones leave)
 and the unfilled tails are padding.
-`position_ids` restart at 0 at every piece: with attention_mask=None transformers masks each document
-separately (`masking_utils.find_packed_sequence_indices`). The long/short mix is decided per token
-budget (`num_tokens` rounded up to whole sequences): `short_fraction` of it is read from the short sources,
-the rest from the long ones, and both are packed together, so the fraction holds over an epoch rather than
+`position_ids` restart at 0 at every piece: with attention_mask=None transformers masks each document separately
+(`masking_utils.find_packed_sequence_indices`). `stream` lays sequences out as `split` does but keeps each one
+causal stream: positions run 0..seq_len-1 across its documents, nothing masks one document from the next, and a
+document's last token (its EOS) predicts the next one's first, as GPT-style pretraining packs (so the first token of
+every training sequence is seen by all the others, as the first token of a window is). The long/short mix is decided
+per token budget (`num_tokens` rounded up to whole sequences): `short_fraction` of it is read from the short
+sources, the rest from the long ones, and both are packed together, so the fraction holds over an epoch rather than
 in every sequence.
 The plan is cached as `packed-<fingerprint>/` beside the token caches.
 
@@ -132,14 +135,14 @@ class PackedDataset:
     """Packed `seq_len` sequences over memory-mapped token pools; see the module docstring."""
 
     def __init__(self, plan_dir: Path, pools: list[Pool], *, seq_len: int, pad_id: int, seed: int,
-                 fingerprint: str, stats: dict[str, Any]):
+                 fingerprint: str, stats: dict[str, Any], stream: bool = False):
         self.seq_len, self.fingerprint, self.stats = seq_len, fingerprint, stats
-        self.pad_id, self.seed = pad_id, seed
+        self.pad_id, self.seed, self.stream = pad_id, seed, stream
         self.plan_dir = plan_dir
         self._token_files = [(str(p.tokens.filename), p.tokens.dtype.str) for p in pools]
         self._open()
 
-    _STATE = ("seq_len", "fingerprint", "stats", "pad_id", "seed", "plan_dir", "_token_files")
+    _STATE = ("seq_len", "fingerprint", "stats", "pad_id", "seed", "stream", "plan_dir", "_token_files")
 
     def _open(self) -> None:
         self._tokens = [np.memmap(f, dtype=np.dtype(dtype), mode="r") for f, dtype in self._token_files]
@@ -188,6 +191,9 @@ class PackedDataset:
             t += n
         # Padding is one block of its own positions, so it forms one (ignored) pseudo-document.
         position_ids[t:] = np.arange(self.seq_len - t)
+        if self.stream:  # one causal stream: positions run on, and each piece's last token predicts the next piece
+            position_ids[:] = np.arange(self.seq_len)
+            shift_labels[:t - 1] = input_ids[1:t]
         return {"input_ids": torch.from_numpy(input_ids), "position_ids": torch.from_numpy(position_ids),
                 "shift_labels": torch.from_numpy(shift_labels), "tokens": torch.tensor(t)}
 
@@ -225,7 +231,8 @@ def build_packed_dataset(specs: Sequence[str], tokenizer: Any, seq_len: int, *, 
             write_json(tmp / "meta.json", {"version": CACHE_VERSION, "fingerprint": fingerprint, "stats": stats},
                        indent=1)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ds = PackedDataset(plan_dir, pools, seq_len=seq_len, pad_id=pad_id, seed=seed, fingerprint=fingerprint, stats=stats)
+    ds = PackedDataset(plan_dir, pools, seq_len=seq_len, pad_id=pad_id, seed=seed, fingerprint=fingerprint, stats=stats,
+                       stream=packing == "stream")
     _log_packed(len(ds), stats, seq_len, num_tokens, short_fraction if short_specs else None, log)
     return ds
 
@@ -296,7 +303,7 @@ def _write_plan(out: Path, pools: list[Pool], *, seq_len: int, seed: int, num_to
     pieces = _pieces(pools, seq_len)
     log(f"packing {len(pieces['length']):,} document pieces into {seq_len:,}-token sequences ({packing})")
     order = np.random.default_rng([seed, 0]).permutation(len(pieces["length"]))
-    if packing == "split":
+    if packing in ("split", "stream"):
         pieces, seq_offsets = _split_pack(pieces, order, seq_len, -(-num_tokens // seq_len) * seq_len)
     else:
         flat, seq_offsets = _pack(pieces["length"], order, seq_len)

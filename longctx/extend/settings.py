@@ -10,8 +10,9 @@ from longctx.core.kinds import Bool, Choice, Count, Float, Int, Length, LocalPat
 from longctx.core.settings import REQUIRED, Settings, setting
 from longctx.data.sources import check_data_specs
 
-# split: documents fill every sequence, cut where a sequence ends (longctx.extend.packing); whole: first-fit
-PACKING_MODES = ("split", "whole")
+# split: documents fill every sequence, cut where a sequence ends (longctx.extend.packing); whole: first-fit;
+# stream: split's sequences as one causal stream across documents
+PACKING_MODES = ("split", "whole", "stream")
 
 DTYPES = ("float32", "bfloat16")
 # auto: flash_attention_2 on CUDA when flash_attn is installed, else flex_attention there, sdpa on CPU
@@ -27,7 +28,9 @@ class ExtendSettings(Settings):
     seq_len: int = setting(REQUIRED, Length(), "Training sequence length, e.g. 32k; becomes max_position_embeddings.")
     packing: str = setting("split", Choice(PACKING_MODES, "packing"),
                            "split: documents fill every sequence, one cut where a sequence ends continuing in the "
-                           "next (padding only in the last); whole: first-fit of whole documents (more padding).")
+                           "next (padding only in the last); whole: first-fit of whole documents (more padding); "
+                           "stream: split's sequences, each one causal stream across its documents (positions run "
+                           "on, no mask between documents), as GPT-style pretraining packs.")
     data: list[str] = setting(REQUIRED, Specs(),
                               "Training text (repeatable): a .txt/.jsonl/.json/.parquet file, a directory of them, a "
                               "saved dataset, hf:<dataset id>[:split] or synthetic:<kind>.")
