@@ -1,4 +1,5 @@
-"""`longctx extend` under `torchrun --nproc_per_node 2` (gloo, FSDP2 on CPU) against one process.
+"""`longctx extend` under `torchrun --nproc_per_node 2` (gloo, FSDP2 on CPU) against one process, for the plain
+Qwen3 and a gated variant.
 
 Both runs see the same global batch (4 sequences of 512 tokens per step: 2 ranks x 2 accumulation
 vs 1 rank x 4), so with the token-averaged loss they compute the same steps up to the order of
@@ -25,17 +26,31 @@ ARGS = ["--rope-base", "1e5", "--seq-len", "512", "--data", "synthetic:mixed", "
         "--tokens-per-step", "2048", "--lr", "1e-3", "--save-every", "2"]
 
 
-def test_two_gloo_ranks_with_fsdp2_match_one_process(tiny_checkpoint, tmp_path):
+@pytest.fixture(params=["qwen3", "input-independent"])
+def checkpoint(request, tmp_path_factory):
+    """The plain tiny Qwen3, and a gated one whose gate has free 1-D parameters (the least usual shards)."""
+    if request.param == "qwen3":
+        return request.getfixturevalue("tiny_checkpoint")
+    from longctx.init.checkpoint import init_checkpoint
+    from longctx.init.settings import InitSettings
+
+    out = tmp_path_factory.mktemp("gated") / "tiny-input-independent"
+    init_checkpoint(InitSettings(output=str(out), preset="tiny", attention=request.param, tokenizer="bpe",
+                                 vocab_size=2048, config={"max_position_embeddings": 256}))
+    return out
+
+
+def test_two_gloo_ranks_with_fsdp2_match_one_process(checkpoint, tmp_path):
     cache = tmp_path / "cache"
     single = tmp_path / "single"
-    extend(ExtendSettings(checkpoint=str(tiny_checkpoint), output=str(single), seq_len=512, data=["synthetic:mixed"],
+    extend(ExtendSettings(checkpoint=str(checkpoint), output=str(single), seq_len=512, data=["synthetic:mixed"],
                           rope_base=1e5, steps=3, tokens_per_step=2048, lr=1e-3, save_every=2, cache_dir=str(cache)),
            progress=False)
 
     dist = tmp_path / "dist"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
-           "-m", "longctx", "extend", str(tiny_checkpoint), *ARGS, "-o", str(dist), "--cache-dir", str(cache)]
+           "-m", "longctx", "extend", str(checkpoint), *ARGS, "-o", str(dist), "--cache-dir", str(cache)]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
     assert "world size 2 (FSDP2)" in r.stdout and "2 data-parallel rank(s) x 2 accumulation" in r.stdout, r.stdout
