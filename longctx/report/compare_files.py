@@ -14,19 +14,11 @@ from longctx.report import stats
 from longctx.report.compare_seeds import verdict
 from longctx.report.comparison import Comparison
 from longctx.report.plots import Series, plot_lines
-from longctx.report.sinks import perplexity, plot_sinks
+from longctx.report.sinks import SINK_VALUE_KEYS, plot_sinks, sink_values
 
 COMPARISON_KIND = "comparison"  # its `longctx.core.files` output marker
 
 COMPARE_FORMAT = "longctx-compare/1"
-SINK_KEYS = ["first_token_attention", "m_act", "gate_mean", "perplexity"]  # compare.csv/json's sinks values
-
-
-def sink_values(doc) -> dict[str, float | None] | None:
-    """SINK_KEYS of a run's sinks results (averages over layers, and the windows' perplexity); None without."""
-    if doc is None:
-        return None
-    return {**{k: doc["averages"].get(k) for k in SINK_KEYS[:-1]}, "perplexity": perplexity(doc)}
 
 
 def comparison_json(cmp: Comparison) -> dict[str, Any]:
@@ -65,7 +57,7 @@ def comparison_csv(cmp: Comparison) -> str:
     """compare.csv: a row per run, its score per length, avg, the degradation columns and the sinks averages."""
     table = cmp.table
     later = [L for L in table.lengths if L > table.reference]
-    sink_keys = SINK_KEYS if cmp.sinks else []
+    sink_keys = list(SINK_VALUE_KEYS) if cmp.sinks else []
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["run", *table.lengths, "avg", *[f"delta_{L}_vs_{table.reference}" for L in later], *sink_keys])

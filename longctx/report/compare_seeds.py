@@ -26,7 +26,7 @@ from longctx.report.seeds import (
     paired_across_seeds,
 )
 from longctx.report.settings import CompareSettings
-from longctx.report.sinks import perplexity
+from longctx.report.sinks import sink_values
 
 # the sinks values compared across seeds: key -> (column, digits)
 SINK_VALUES = {"first_token_attention": ("F-Attn", 3), "m_act": ("M-Act", 2), "gate_mean": ("Gate score", 3),
@@ -121,9 +121,7 @@ def _mean(run: ComparedRun, lengths: list[int]) -> float:
 
 
 def _sink_value(run: ComparedRun, key: str) -> float | None:
-    if run.sinks is None:
-        return None
-    return perplexity(run.sinks) if key == "perplexity" else run.sinks["averages"].get(key)
+    return (sink_values(run.sinks) or {}).get(key)
 
 
 def _score_interval(scores: list[float], pooled_groups: Callable[[], list[list[float]]] | None

@@ -34,6 +34,16 @@ def perplexity(doc: SinksResults) -> float | None:
     return (doc.get("loss") or {}).get("perplexity")
 
 
+SINK_VALUE_KEYS = ("first_token_attention", "m_act", "gate_mean", "perplexity")  # what compare reads of sinks.json
+
+
+def sink_values(doc: SinksResults | None) -> dict[str, float | None] | None:
+    """SINK_VALUE_KEYS of a sinks.json (averages over layers, and the windows' perplexity); None without one."""
+    if doc is None:
+        return None
+    return {**{k: doc["averages"].get(k) for k in SINK_VALUE_KEYS[:-1]}, "perplexity": perplexity(doc)}
+
+
 def _loss_cells(doc: SinksResults) -> list[str]:
     loss = doc.get("loss") or {}
     return ["-" if loss.get("mean") is None else f"{loss['mean']:.4f}",
