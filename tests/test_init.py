@@ -76,6 +76,10 @@ def test_bpe_tokenizer_trained_on_the_spot(tmp_path):
     corpus.write_text("abc abd abe\n" * 50)
     assert run("init", tmp_path / "small", "--preset", "tiny", "--attention", "baseline", "--tokenizer", "bpe",
                "--vocab-size", 300, "--bpe-corpus", corpus).exit_code == 0
+    assert AutoTokenizer.from_pretrained(tmp_path / "small")("abc").input_ids[0] != 1  # adds no BOS by default
+    assert run("init", tmp_path / "bos", "--preset", "tiny", "--attention", "baseline", "--tokenizer", "bpe",
+               "--vocab-size", 300, "--bpe-corpus", corpus, "--bpe-bos").exit_code == 0
+    assert AutoTokenizer.from_pretrained(tmp_path / "bos")("abc").input_ids[0] == 1  # --bpe-bos: <s> before every text
 
 
 @pytest.mark.slow
@@ -149,6 +153,8 @@ def test_untie_embeddings_gives_the_output_layer_its_own_matrix(tmp_path, refere
      "holds no tokenizer files"),
     (["init", "{root}/new", "--preset", "tiny", "--attention", "baseline", "--match-params"],
      "--match-params shrinks a gated model"),
+    (["init", "{root}/new", "--preset", "tiny", "--attention", "baseline", "--bpe-bos"],
+     "--bpe-bos makes the BPE that --tokenizer bpe trains add a BOS; a tokenizer given as 'reference' keeps"),
     (["init", "{root}/new", "--preset", "tiny", "--attention", "headwise", "--dtype", "int3"], "unknown dtype 'int3'"),
     (["init", "{root}/new", "--attention", "baseline"], "Missing option '--preset'"),
     (["init", "{root}/new", "--preset", "tiny", "--attention", "baseline", "--config", "hidden_size=-3"],

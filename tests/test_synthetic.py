@@ -343,3 +343,43 @@ def test_bpe_digit_groups_read_a_number_the_same_wherever_it_stands(tmp_path):
             assert list("4865868") not in seen and ["48", "65", "86", "8"] not in seen, seen
         else:
             assert seen == [digits_expected] * 3, seen
+
+
+def test_backcopy_follows_its_bigram_table_and_copies_after_every_trigger():
+    """`backcopy` (Guo et al. 2024's Bigram-Backcopy): every word is a successor of the one before it in the fixed
+    table, except right after a trigger, where it is the word before the trigger; the table is the same for every
+    seed (held-out documents follow the trained bigrams); most words are not after a trigger."""
+    from longctx.data.synthetic_kinds import BACKCOPY_TRIGGERS, BACKCOPY_WORDS, _bigram_table
+
+    table = _bigram_table()
+    assert set(table) == set(BACKCOPY_WORDS + BACKCOPY_TRIGGERS) and all(len(set(v)) == 4 for v in table.values())
+    copies = words_seen = 0
+    for seed in (0, 1):
+        for doc in take("backcopy", 5, seed=seed, length_tokens=512):
+            words = doc.split(" ")
+            assert 0.8 * 512 <= len(words) <= 512 and words[0] in BACKCOPY_WORDS
+            for i in range(1, len(words)):
+                if words[i - 1] in BACKCOPY_TRIGGERS and i > 1:
+                    assert words[i] == words[i - 2], (seed, i)
+                    copies += 1
+                else:
+                    assert words[i] in table[words[i - 1]], (seed, i)
+            words_seen += len(words)
+    assert 0.02 < copies / words_seen < 0.3
+
+
+def test_bpe_bos_puts_its_bos_before_every_text(tmp_path):
+    """`train_bpe_tokenizer(bos=True)` adds `<s>` to every text as Llama's tokenizer does (what `init --bpe-bos`
+    writes); without it the tokenizer adds nothing."""
+    from transformers import AutoTokenizer
+
+    from longctx.checkpoint.tokenizer import special_tokens_added
+    from longctx.init.bpe import train_bpe_tokenizer
+
+    corpus = take("backcopy", 20, length_tokens=256)
+    for bos in (False, True):
+        tok = AutoTokenizer.from_pretrained(train_bpe_tokenizer(tmp_path / str(bos), 400, corpus, bos=bos))
+        ids = tok("cat air").input_ids
+        assert special_tokens_added(tok) == int(bos)
+        assert (ids[0] == tok.bos_token_id) == bos and tok.bos_token_id == 1
+        assert tok.decode(ids, skip_special_tokens=True) == "cat air"

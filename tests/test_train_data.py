@@ -153,14 +153,27 @@ def test_split_packing_fills_every_sequence_and_keeps_every_token_once(tokenizer
     assert cut >= len(ds) // 2
 
 
-def test_stream_packing_is_split_as_one_causal_stream(tokenizer, corpus, tmp_path, tiny_checkpoint):
-    """`stream`: split's sequences, each with positions 0..seq_len-1 and every token predicting the next, across
-    documents; the model then attends across them as plain causal attention does (no document mask)."""
+@pytest.fixture(scope="module")
+def bpe_tokenizers(corpus, tmp_path_factory):
+    """Two small BPEs trained on the corpus's words: {False: adds nothing to a text, True: puts its BOS first}."""
+    from transformers import AutoTokenizer
+
+    from longctx.init.bpe import train_bpe_tokenizer
+
+    root = tmp_path_factory.mktemp("bpe")
+    return {bos: AutoTokenizer.from_pretrained(train_bpe_tokenizer(root / str(bos), 300, [" ".join(WORDS)] * 20, bos=bos))
+            for bos in (False, True)}
+
+
+def test_stream_packing_is_split_as_one_causal_stream(bpe_tokenizers, corpus, tmp_path, tiny_checkpoint):
+    """`stream` with a tokenizer that adds nothing to a text: split's sequences, each with positions 0..seq_len-1
+    and every token predicting the next, across documents; the model then attends across them as plain causal
+    attention does (no document mask)."""
     from transformers import AutoModelForCausalLM
 
     seq_len = 128
-    built = {mode: build_packed_dataset([str(corpus["long"])], tokenizer, seq_len, num_tokens=20_000, packing=mode,
-                                        short_specs=[str(corpus["short"])], short_fraction=0.3,
+    built = {mode: build_packed_dataset([str(corpus["long"])], bpe_tokenizers[False], seq_len, num_tokens=20_000,
+                                        packing=mode, short_specs=[str(corpus["short"])], short_fraction=0.3,
                                         cache_dir=tmp_path, log=lambda m: None) for mode in ("split", "stream")}
     split, stream = built["split"], built["stream"]
     assert stream.fingerprint != split.fingerprint and len(stream) == len(split)
@@ -177,6 +190,29 @@ def test_stream_packing_is_split_as_one_causal_stream(tokenizer, corpus, tmp_pat
         hidden = model.model(sample["input_ids"][None], position_ids=sample["position_ids"][None]).last_hidden_state
         causal = model.model(sample["input_ids"][None]).last_hidden_state
     torch.testing.assert_close(hidden, causal)
+
+
+def test_stream_sequences_begin_as_the_tokenizer_begins_a_text(bpe_tokenizers, corpus, tmp_path):
+    """A tokenizer that puts a BOS before every text (a BPE made with `bos=True`, as `init --bpe-bos`) begins every
+    `stream` sequence with it, as a `sinks` window and a prompt begin: the BOS at position 0 predicts the stream's
+    first token, then seq_len - 1 stream tokens follow. The same documents without a BOS pack without one."""
+    seq_len, docs = 64, [str(corpus["long"])]
+    plain = build_packed_dataset(docs, bpe_tokenizers[False], seq_len, num_tokens=5_000, packing="stream",
+                                 cache_dir=tmp_path, log=lambda m: None)
+    for tok in (bpe_tokenizers[True],):
+        led = build_packed_dataset(docs, tok, seq_len, num_tokens=5_000, packing="stream", cache_dir=tmp_path,
+                                   log=lambda m: None)
+        assert led.fingerprint != plain.fingerprint and tok.bos_token_id is not None
+        body = []
+        for i in range(len(led)):
+            s = led.get(i)
+            ids, labels, n = s["input_ids"], s["shift_labels"], int(s["tokens"])
+            assert ids[0] == tok.bos_token_id and (ids[1:n] != tok.bos_token_id).all()
+            assert torch.equal(labels[:n - 1], ids[1:n]) and torch.equal(s["position_ids"], torch.arange(seq_len))
+            body.append(ids[1:n])
+        assert sum(len(b) < seq_len - 1 for b in body) <= 1  # a BOS and seq_len - 1 tokens; only the last is short
+        assert tok.eos_token_id in torch.cat(body).tolist()  # documents end with their EOS inside the stream
+    assert all(plain.get(i)["input_ids"][0] != bpe_tokenizers[False].bos_token_id for i in range(len(plain)))
 
 
 @pytest.mark.slow

@@ -20,6 +20,9 @@ every depth of its sequence length:
   the repeats. Copying lines of varying length is what makes a model trained from scratch form
   induction heads (lines of one fixed length only teach it to look a fixed distance back; retrieval
   documents alone teach their format, not copying: checkpoints/README.md);
+- `backcopy`: the Bigram-Backcopy task of Guo et al. 2024 (arXiv 2410.13835): words from a fixed bigram table,
+  except that the word after one of four trigger words repeats the word before the trigger; a head that copies
+  is needed only there, and a small model forms an attention sink on the first token where it is not;
 - `pretrain`: copy (40%), recall (25%), niah (25%) and the other three kinds (10%), for pretraining
   from scratch (`recipes/tiny-pretrain.yaml`).
 
@@ -47,7 +50,7 @@ from pathlib import Path
 from longctx.core.errors import InputError
 from longctx.data import synthetic_kinds
 
-KINDS: tuple[str, ...] = ("mixed", "niah", "vt", "cwe", "fwe", "recall", "copy", "pretrain")
+KINDS: tuple[str, ...] = ("mixed", "niah", "vt", "cwe", "fwe", "recall", "copy", "pretrain", "backcopy")
 NATURAL_LENGTH = 1024  # tokens: the target when `length_tokens` is None
 MIN_LENGTH = 128  # the question and answer take about 100 tokens: below this no haystack is left
 # Share of each kind in `mixed`: retrieval of needles first (8 of RULER's 13 tasks are NIAH).

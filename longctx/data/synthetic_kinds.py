@@ -445,5 +445,40 @@ def _copy_far(rng: random.Random, budget: int) -> str:
     return re.sub(r"\s*\n\s*", "\n", " ".join(units)).strip()
 
 
+# --- backcopy ------------------------------------------------------------------------------------------
+
+# Guo et al. 2024, "Active-Dormant Attention Heads: Mechanistically Demystifying Extreme-Token Phenomena in
+# LLMs" (arXiv 2410.13835), Section 2: the Bigram-Backcopy task, on which a small transformer forms an attention
+# sink on the first token (its backcopy head is needed only after a trigger and rests on the sink elsewhere).
+# Short nouns, most of them one token in a small BPE, so a word is about one token.
+BACKCOPY_WORDS = (
+    "act", "air", "ant", "app", "arch", "arm", "art", "ash", "back", "bake", "band", "bar", "bell", "bet", "bid",
+    "bill", "black", "blow", "blue", "book", "bow", "brief", "broad", "brush", "bud", "bump", "buy", "camp", "can",
+    "cap", "car", "care", "cart", "cast", "cat", "cause", "chart", "cheer", "child", "chop")
+BACKCOPY_TRIGGERS = ("alert", "break", "call", "check")  # after one of these comes the word before it
+BACKCOPY_SUCCESSORS = 4  # the bigram table: each word is followed by one of this many words, drawn uniformly
+
+
+@functools.cache
+def _bigram_table() -> dict[str, tuple[str, ...]]:
+    """The fixed transition table (the same for every seed: held-out documents follow the trained bigrams)."""
+    rng = random.Random("longctx.synthetic/backcopy/table")
+    words = BACKCOPY_WORDS + BACKCOPY_TRIGGERS
+    return {w: tuple(rng.sample(words, BACKCOPY_SUCCESSORS)) for w in words}
+
+
+def _backcopy(rng: random.Random, budget: int) -> str:
+    """Words that follow a fixed bigram table, except that the word after a trigger word repeats the word
+    before the trigger. Only that copy needs to look back: at every other position a head that copies has
+    nothing to do, which is when a softmax head rests its attention on the first token (Guo et al. 2024)."""
+    table = _bigram_table()
+    words = [rng.choice(BACKCOPY_WORDS)]
+    while len(words) < budget:  # about a token a word
+        prev = words[-1]
+        words.append(words[-2] if prev in BACKCOPY_TRIGGERS and len(words) > 1 else rng.choice(table[prev]))
+    return " ".join(words)
+
+
 BUILDERS: dict[str, Callable[[random.Random, int], str]] = {"niah": _niah, "vt": _vt, "cwe": _cwe, "fwe": _fwe,
-                                                            "recall": _recall, "copy": _copy, "copy_far": _copy_far}
+                                                            "recall": _recall, "copy": _copy, "copy_far": _copy_far,
+                                                            "backcopy": _backcopy}

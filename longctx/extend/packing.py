@@ -11,10 +11,12 @@ and the unfilled tails are padding.
 (`masking_utils.find_packed_sequence_indices`). `stream` lays sequences out as `split` does but keeps each one
 causal stream: positions run 0..seq_len-1 across its documents, nothing masks one document from the next, and a
 document's last token (its EOS) predicts the next one's first, as GPT-style pretraining packs (so the first token of
-every training sequence is seen by all the others, as the first token of a window is). The long/short mix is decided
-per token budget (`num_tokens` rounded up to whole sequences): `short_fraction` of it is read from the short
-sources, the rest from the long ones, and both are packed together, so the fraction holds over an epoch rather than
-in every sequence.
+every training sequence is seen by all the others, as the first token of a window is). A `stream` sequence is one
+text, so it begins as the tokenizer begins a text: with its BOS when it adds one (as Llama's does, and a
+`longctx init --bpe-bos` BPE), then `seq_len - 1` stream tokens; `sinks` windows and prompts begin with the same
+token. The long/short mix is decided per token budget (`num_tokens` rounded up to whole sequences):
+`short_fraction` of it is read from the short sources, the rest from the long ones, and both are packed
+together, so the fraction holds over an epoch rather than in every sequence.
 The plan is cached as `packed-<fingerprint>/` beside the token caches.
 
 Synthetic long documents are generated to fill one sequence (`seq_len - 1` tokens plus the EOS),
@@ -36,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from longctx.checkpoint.tokenizer import special_tokens_added
 from longctx.core.errors import InputError
 from longctx.core.files import atomic_dir, write_json
 from longctx.core.hashing import hash_json
@@ -135,14 +138,14 @@ class PackedDataset:
     """Packed `seq_len` sequences over memory-mapped token pools; see the module docstring."""
 
     def __init__(self, plan_dir: Path, pools: list[Pool], *, seq_len: int, pad_id: int, seed: int,
-                 fingerprint: str, stats: dict[str, Any], stream: bool = False):
+                 fingerprint: str, stats: dict[str, Any], stream: bool = False, bos_id: int | None = None):
         self.seq_len, self.fingerprint, self.stats = seq_len, fingerprint, stats
-        self.pad_id, self.seed, self.stream = pad_id, seed, stream
+        self.pad_id, self.seed, self.stream, self.bos_id = pad_id, seed, stream, bos_id
         self.plan_dir = plan_dir
         self._token_files = [(str(p.tokens.filename), p.tokens.dtype.str) for p in pools]
         self._open()
 
-    _STATE = ("seq_len", "fingerprint", "stats", "pad_id", "seed", "stream", "plan_dir", "_token_files")
+    _STATE = ("seq_len", "fingerprint", "stats", "pad_id", "seed", "stream", "bos_id", "plan_dir", "_token_files")
 
     def _open(self) -> None:
         self._tokens = [np.memmap(f, dtype=np.dtype(dtype), mode="r") for f, dtype in self._token_files]
@@ -180,6 +183,8 @@ class PackedDataset:
         position_ids = np.empty(self.seq_len, dtype=np.int64)
         shift_labels = np.full(self.seq_len, IGNORE_INDEX, dtype=np.int64)
         t = 0
+        if self.bos_id is not None:  # a stream sequence led by the tokenizer's BOS (its plan was cut at seq_len - 1)
+            input_ids[0], t = self.bos_id, 1
         for k in range(int(self._seq_offsets[seq]), int(self._seq_offsets[seq + 1])):
             tokens, start, n = self._tokens[self._pool[k]], int(self._start[k]), int(self._length[k])
             # A piece that does not end its document also predicts the first token of the next piece.
@@ -193,7 +198,7 @@ class PackedDataset:
         position_ids[t:] = np.arange(self.seq_len - t)
         if self.stream:  # one causal stream: positions run on, and each piece's last token predicts the next piece
             position_ids[:] = np.arange(self.seq_len)
-            shift_labels[:t - 1] = input_ids[1:t]
+            shift_labels[:t - 1] = input_ids[1:t]  # the BOS predicts the stream's first token
         return {"input_ids": torch.from_numpy(input_ids), "position_ids": torch.from_numpy(position_ids),
                 "shift_labels": torch.from_numpy(shift_labels), "tokens": torch.tensor(t)}
 
@@ -209,6 +214,7 @@ def build_packed_dataset(specs: Sequence[str], tokenizer: Any, seq_len: int, *, 
                                      short_fraction=short_fraction, packing=packing, workers=workers, log=log)
     cache = Path(cache_dir)
     budget = -(-num_tokens // seq_len) * seq_len  # whole sequences
+    bos_id = _stream_bos(tokenizer) if packing == "stream" else None
     short_budget = round(budget * short_fraction)
     long_budget = budget - short_budget
     pools = [token_pool(specs, tokenizer, long_budget, seed=seed, cache_dir=cache, log=log, workers=workers,
@@ -219,7 +225,8 @@ def build_packed_dataset(specs: Sequence[str], tokenizer: Any, seq_len: int, *, 
     fingerprint = hash_json({"version": CACHE_VERSION, "pools": [p.source_key for p in pools],
                              "pool_tokens": [p.num_tokens for p in pools], "seq_len": seq_len,
                              "short_fraction": short_fraction, "seed": seed, "num_tokens": num_tokens,
-                             **({} if packing == "whole" else {"packing": packing, "rule": _SPLIT_RULE})})
+                             **({} if packing == "whole" else {"packing": packing, "rule": _SPLIT_RULE}),
+                             **({} if bos_id is None else {"bos": bos_id})})
     plan_dir = cache / f"packed-{fingerprint[:20]}"
     if (plan_dir / "meta.json").is_file():
         log(f"reusing packed sequences {plan_dir}")
@@ -227,12 +234,13 @@ def build_packed_dataset(specs: Sequence[str], tokenizer: Any, seq_len: int, *, 
     else:
         with atomic_dir(plan_dir, keep_existing="meta.json") as tmp:
             stats = _write_plan(tmp, pools, seq_len=seq_len, seed=seed, num_tokens=num_tokens,
-                                short_fraction=short_fraction, packing=packing, log=log)
+                                short_fraction=short_fraction, packing=packing, log=log,
+                                body_len=seq_len - (bos_id is not None))
             write_json(tmp / "meta.json", {"version": CACHE_VERSION, "fingerprint": fingerprint, "stats": stats},
                        indent=1)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ds = PackedDataset(plan_dir, pools, seq_len=seq_len, pad_id=pad_id, seed=seed, fingerprint=fingerprint, stats=stats,
-                       stream=packing == "stream")
+                       stream=packing == "stream", bos_id=bos_id)
     _log_packed(len(ds), stats, seq_len, num_tokens, short_fraction if short_specs else None, log)
     return ds
 
@@ -298,13 +306,19 @@ def _synthetic_document_tokens(seq_len: int, short: bool) -> int:
     return max(synthetic.MIN_LENGTH, seq_len // 8 if short else seq_len - 1)
 
 
+def _stream_bos(tokenizer: Any) -> int | None:
+    """The token a `stream` sequence begins with: the BOS the tokenizer puts before a text (None: it adds none)."""
+    return tokenizer.bos_token_id if special_tokens_added(tokenizer) and tokenizer.bos_token_id is not None else None
+
+
 def _write_plan(out: Path, pools: list[Pool], *, seq_len: int, seed: int, num_tokens: int,
-                short_fraction: float, packing: str, log: Callable[[str], None]) -> dict[str, Any]:
+                short_fraction: float, packing: str, log: Callable[[str], None], body_len: int) -> dict[str, Any]:
+    """`body_len`: the document tokens a sequence holds (seq_len, or seq_len - 1 after a BOS)."""
     pieces = _pieces(pools, seq_len)
     log(f"packing {len(pieces['length']):,} document pieces into {seq_len:,}-token sequences ({packing})")
     order = np.random.default_rng([seed, 0]).permutation(len(pieces["length"]))
     if packing in ("split", "stream"):
-        pieces, seq_offsets = _split_pack(pieces, order, seq_len, -(-num_tokens // seq_len) * seq_len)
+        pieces, seq_offsets = _split_pack(pieces, order, body_len, -(-num_tokens // seq_len) * body_len)
     else:
         flat, seq_offsets = _pack(pieces["length"], order, seq_len)
         pieces = {k: v[flat] for k, v in pieces.items()}
@@ -325,7 +339,7 @@ def _write_plan(out: Path, pools: list[Pool], *, seq_len: int, seed: int, num_to
         "requested_short_fraction": short_fraction,
         "packing": packing,
         "sequences": sequences,
-        "padding_fraction": round(1 - packed / (sequences * seq_len), 6),
+        "padding_fraction": round(1 - packed / (sequences * body_len), 6),
         "epochs": round(num_tokens / (sequences * seq_len), 6),
         "sources_exhausted": [p.exhausted for p in pools],
         "source_tokens": [p.source_tokens for p in pools],

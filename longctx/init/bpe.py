@@ -25,13 +25,15 @@ def bpe_corpus() -> list[str]:
 
 
 def train_bpe_tokenizer(out: Path, vocab_size: int = DEFAULT_BPE_VOCAB, corpus: list[str] | None = None,
-                        digit_group: int | None = None) -> Path:
+                        digit_group: int | None = None, bos: bool = False) -> Path:
     """Train a small byte-level BPE with `tokenizers` and save it as a transformers fast tokenizer
     (`<unk>`=0, `<s>`=1, `<\\s>`=2, like the reference tokenizer; every byte sequence encodes).
     `digit_group` cuts numbers into runs of at most that many digits before BPE (1: one token per digit,
     as Qwen's tokenizer; 3: as Llama 3's and GPT-4's), so a number is tokenized the same whatever precedes
-    it; None leaves digits to the byte-level rules (a number is one piece that BPE chunks as it learnt)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    it; None leaves digits to the byte-level rules (a number is one piece that BPE chunks as it learnt).
+    `bos`: the tokenizer puts `<s>` before every text (a `TemplateProcessing` post-processor, as Llama's
+    tokenizer.json has), so a prompt's first token is the same fixed token as a BOS-led training sequence's."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     special = ["<unk>", "<s>", "</s>"]
@@ -47,6 +49,9 @@ def train_bpe_tokenizer(out: Path, vocab_size: int = DEFAULT_BPE_VOCAB, corpus: 
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(corpus if corpus is not None else bpe_corpus(), trainer=trainer)
+    if bos:
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                           special_tokens=[("<s>", tok.token_to_id("<s>"))])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
     fast.save_pretrained(out)
     return out

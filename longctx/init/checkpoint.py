@@ -50,7 +50,7 @@ def _write_tokenizer(s: InitSettings, source: Path | None, out: Path):
         corpus = Path(s.bpe_corpus).read_text(encoding="utf-8").splitlines() if s.bpe_corpus else None
         # One token per digit, as Qwen's tokenizer: a number reads the same wherever it stands
         # (checkpoints/README.md has what coarser digit tokens did to the tiny models).
-        train_bpe_tokenizer(out, s.vocab_size, corpus, digit_group=1)
+        train_bpe_tokenizer(out, s.vocab_size, corpus, digit_group=1, bos=s.bpe_bos)
     else:
         # with --trust-remote-code the code its auto_map names travels with it (top-level modules, as transformers
         # writes them: dynamic_module_utils.custom_object_save)

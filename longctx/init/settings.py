@@ -63,6 +63,9 @@ class InitSettings(Settings):
     vocab_size: int = setting(4096, Int(minimum=260), f"Vocabulary of the BPE trained by {ref('tokenizer')} bpe.")
     bpe_corpus: str | None = setting(None, LocalPath(), f"Text file to train {ref('tokenizer')} bpe on [default: "
                                                        "built-in word-list corpus].")
+    bpe_bos: bool = setting(False, Bool(), f"The BPE trained by {ref('tokenizer')} bpe puts its BOS (<s>) before every "
+                                           "text, as Llama's tokenizer does: prompts and `sinks` windows begin with "
+                                           "it, and so do `stream`-packed training sequences.")
     match_params: bool = setting(False, Bool(), "Shrink a gated model's FFN so its size equals the baseline's.")
     dtype: str | None = setting(None, Choice(DTYPES, "dtype"),
                                 "Weights dtype [default: float32 for tiny, bfloat16 for paper-1.7b].")
@@ -79,6 +82,9 @@ class InitSettings(Settings):
         if self.match_params and self.attention == "baseline":
             raise self.error(f"{ref('match_params')} shrinks a gated model to the baseline's size; it has no meaning "
                              f"for {ref('attention')} baseline")
+        if self.bpe_bos and self.tokenizer != "bpe":
+            raise self.error(f"{ref('bpe_bos')} makes the BPE that {ref('tokenizer')} bpe trains add a BOS; a "
+                             f"tokenizer given as '{self.tokenizer}' keeps what it adds")
 
     def check_inputs(self, offline_data: bool = True) -> None:
         # a Hub id (no local folder of that name) is fetched when the tokenizer is written
