@@ -1,6 +1,6 @@
 """longctx: take a language-model checkpoint to long context and measure what that did to it.
 
-    longctx run recipes/tiny-cpu.yaml            # the whole pipeline on two tiny models (CPU, ~10 min)
+    longctx run recipes/tiny-seeds.yaml          # the demo: two tiny models x three seeds (CPU, ~20 min)
     longctx extend CKPT --rope-base 1e6 --seq-len 32k --data DATA --tokens 1B -o OUT
     longctx yarn OUT --factor 4
     longctx ruler OUT-yarn4x --lengths 4k,8k,16k,32k,64k,128k --data-dir DATA -o RUN

@@ -295,7 +295,7 @@ def test_docs_readme_opens_with_the_two_commands_and_stays_short():
     assert len(lines) <= 200, f"README.md has {len(lines)} lines; move reference text to docs/"
     first = [line for line in lines[:6] if line.startswith("bash scripts/setup.sh")]
     assert [line.split("#")[0].split() for line in first] == [
-        ["bash", "scripts/setup.sh", "&&", ".venv/bin/longctx", "run", "recipes/tiny-cpu.yaml"],
+        ["bash", "scripts/setup.sh", "&&", ".venv/bin/longctx", "run", "recipes/tiny-seeds.yaml"],
         ["bash", "scripts/setup.sh", "&&", ".venv/bin/python", "-m", "pytest"]], first
 
 

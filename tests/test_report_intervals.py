@@ -217,3 +217,26 @@ def test_sinks_plot_layer_ticks_are_whole_numbers():
         ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
         assert ticks == [0.0, 1.0]
     plt.close(fig)
+
+
+@needs_matplotlib
+def test_sinks_plot_fits_small_values_and_marks_attention_spread_evenly():
+    """A first-token sink of a few percent is read against attention spread evenly over the window, not against 0:
+    the panel fits the values and draws that level, (H_L - 1) / (L - 1), for each window length measured."""
+    import math
+
+    import matplotlib.pyplot as plt
+
+    from longctx.report.sinks import even_first_token_share, sinks_figure
+
+    assert even_first_token_share(2) == 0.5 and math.isclose(even_first_token_share(3), (1 / 2 + 1 / 3) / 2)
+    assert math.isclose(even_first_token_share(1024), (sum(1 / k for k in range(1, 1025)) - 1) / 1023)
+    docs = [{"format": "longctx-sinks/1", "model": {"name": n, "fingerprint": n}, "layers": 2,
+             "first_token_attention": v, "m_act": [5.0, 6.0], "settings": {"length": 256},
+             "averages": {"first_token_attention": sum(v) / 2, "m_act": 5.5, "gate_mean": None}}
+            for n, v in (("baseline", [0.047, 0.012]), ("gated", [0.014, 0.015]))]
+    fig, (ax1, _) = sinks_figure(docs)
+    assert math.isclose(ax1.get_ylim()[1], 1.25 * 0.047)
+    dashed = [line for line in ax1.get_lines() if line.get_linestyle() == "--"]
+    assert len(dashed) == 1 and math.isclose(dashed[0].get_ydata()[0], even_first_token_share(256))
+    plt.close(fig)

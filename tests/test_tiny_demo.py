@@ -1,9 +1,10 @@
-"""The shipped tiny checkpoints (`checkpoints/`, made by `recipes/tiny-pretrain.yaml`) and the README's demo
-recipe run on them (`recipes/tiny-cpu-quick.yaml`, the ~3-minute variant of `tiny-cpu.yaml`)."""
+"""The shipped tiny checkpoints (`checkpoints/`, made by `recipes/tiny-pretrain.yaml`), and the README's demo
+(`recipes/tiny-seeds.yaml`): its quick variant runs, and prints the numbers the README shows for it."""
 
 import hashlib
 import json
 import os
+import re
 import runpy
 import subprocess
 import sys
@@ -49,26 +50,69 @@ def test_shipped_checkpoints_are_the_pretrain_recipes_bf16_models():
         (CHECKPOINTS / "tiny-gated" / "tokenizer.json").read_bytes()
 
 
+QUICK_BEGIN = "<!-- tiny-seeds-quick: begin -->"
+QUICK_END = "<!-- tiny-seeds-quick: end -->"
+_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
+
+
+def _across_seed_rows(text: str) -> list[str]:
+    """The rows of the across-seed tables (means, then paired differences) in a comparison's text."""
+    section = text[text.index("### Across "):]
+    return [line for line in section.splitlines() if line.startswith("| ") and not line.startswith(("| Model", "| ---"))]
+
+
+def _same_numbers(shown: str, printed: str) -> bool:
+    """The same row up to the last printed digit or 2%: a CPU with other vector units rounds a little differently,
+    where a row from another recipe or an older run differs in its words or far more than that."""
+    if _NUMBER.sub("#", shown) != _NUMBER.sub("#", printed):
+        return False
+    for a, b in zip(_NUMBER.findall(shown), _NUMBER.findall(printed)):
+        unit = 10.0 ** -len(a.split(".")[1]) if "." in a else 1.0
+        if abs(float(a) - float(b)) > max(2 * unit, 0.02 * abs(float(a))):
+            return False
+    return True
+
+
+def test_same_numbers_tells_rounding_from_another_run():
+    row = "| gated-yarn | 0.00 ± 22.96 | 0.015 ± 0.009 | 18.149 ± 1.859 | -1.13 [-2.01, -0.25] p=0.031 |"
+    assert _same_numbers(row, row.replace("18.149", "18.151").replace("0.031", "0.032"))
+    assert not _same_numbers(row, row.replace("0.015", "0.025"))  # another run's value
+    assert not _same_numbers(row, row.replace("p=0.031 |", "p=0.031 ns |"))  # another verdict on the difference
+    assert not _same_numbers(row, row.replace("gated-yarn", "headwise-yarn"))
+
+
+def test_readme_shows_a_quick_block_of_the_across_seed_tables():
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index(QUICK_BEGIN):readme.index(QUICK_END)]
+    rows = _across_seed_rows(block)
+    assert [r.split(" | ")[0] for r in rows] == ["| baseline-yarn", "| gated-yarn", "| gated-yarn"], rows
+
+
 @pytest.mark.slow
-def test_quick_demo_recipe_runs_on_the_shipped_checkpoints(tmp_path, vllm_engines):
-    """`longctx run recipes/tiny-cpu-quick.yaml` as a user runs it (own process, real vLLM), but with each vLLM
-    engine core in the run's process: the same model code and scheduler, without the ~30 s an engine process takes
-    to start on 2 cores (the engine process itself is what the tests of engine failures, kills and `vllm serve`
-    start)."""
+def test_quick_demo_prints_what_the_readme_shows(tmp_path, vllm_engines):
+    """`longctx run recipes/tiny-seeds-quick.yaml` as a user runs it (own process, real vLLM), and the README's block
+    of its across-seed tables is what it prints, so the two cannot drift apart. Each vLLM engine core runs in the
+    run's process: the same model code and scheduler, without the ~30 s an engine process takes to start on 2 cores
+    (the engine process itself is what the tests of engine failures, kills and `vllm serve` start)."""
     vllm_engines.close()  # one engine at a time on this machine
     out = tmp_path / "run"
     env = {**user_environment(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"),
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    r = subprocess.run([sys.executable, "-m", "longctx", "run", str(ROOT / "recipes" / "tiny-cpu-quick.yaml"),
+    r = subprocess.run([sys.executable, "-m", "longctx", "run", str(ROOT / "recipes" / "tiny-seeds-quick.yaml"),
                         "-o", str(out)], capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "| baseline-yarn |" in r.stdout and "| gated-yarn |" in r.stdout and "Training loss:" in r.stdout
     for m in ("baseline", "gated"):
-        results = json.loads((out / m / "ruler" / f"{m}-yarn" / "results.json").read_text())
-        assert results["model"]["yarn_factor"] == 4 and results["model"]["trained_length"] == 4096
-        assert results["backend"]["name"] == "vllm"
-        assert (out / m / "extend" / f"{m}-extend" / "train_log.jsonl").is_file()
+        for seed in (0, 1, 2):
+            results = json.loads((out / f"{m}-seed{seed}" / "ruler" / f"{m}-seed{seed}-yarn" / "results.json").read_text())
+            assert results["model"]["yarn_factor"] == 16 and results["model"]["trained_length"] == 256
+            assert results["backend"]["name"] == "vllm"
     assert (out / "compare" / "compare.png").is_file() and (out / "compare" / "loss.png").is_file()
+    readme = (ROOT / "README.md").read_text()
+    shown = _across_seed_rows(readme[readme.index(QUICK_BEGIN):readme.index(QUICK_END)])
+    printed = _across_seed_rows(r.stdout)
+    assert len(printed) == len(shown)
+    for a, b in zip(shown, printed):
+        assert _same_numbers(a, b), f"README shows\n{a}\nthe quick recipe printed\n{b}"
 
 
 @pytest.mark.slow

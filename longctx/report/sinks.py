@@ -87,8 +87,16 @@ def layer_markdown(r: SinksResults) -> str:
     return "\n".join(lines)
 
 
+def even_first_token_share(length: int) -> float:
+    """First-token attention of attention spread evenly over a window of `length` tokens: query i puts 1/(i + 1) on
+    token 0, and the mean over queries 1..length-1 (those `sinks` averages) is (H_length - 1) / (length - 1). A
+    first-token sink is measured against this level, not against 0."""
+    return sum(1 / (i + 1) for i in range(1, length)) / (length - 1)
+
+
 def sinks_figure(runs: Sequence[SinksResults | str | os.PathLike], names: Sequence[str] | None = None):
-    """(figure, (first-token axes, M-Act axes)) of `plot_sinks`, not saved."""
+    """(figure, (first-token axes, M-Act axes)) of `plot_sinks`, not saved. The first-token panel fits its values
+    and marks the level of attention spread evenly over each window length measured (dashed)."""
     docs = [r if isinstance(r, dict) else load_sinks(r) for r in runs]
     names = names or [d["model"].get("name", "?") for d in docs]
     fig, (ax1, ax2) = new_figure(ncols=2, size=(10, 4))  # InputError without matplotlib, before its imports
@@ -98,7 +106,12 @@ def sinks_figure(runs: Sequence[SinksResults | str | os.PathLike], names: Sequen
         layers = list(range(d["layers"]))
         ax1.plot(layers, d["first_token_attention"], marker="o", markersize=3, label=name)
         ax2.plot(layers, d["m_act"], marker="o", markersize=3, label=name)
-    ax1.set_ylim(0, 1)
+    lengths = sorted({d["settings"]["length"] for d in docs if (d.get("settings") or {}).get("length", 0) > 1})
+    for length in lengths:
+        ax1.axhline(even_first_token_share(length), color="grey", linestyle="--", linewidth=0.8,
+                    label=f"spread evenly over {length} tokens")
+    top = max([v for d in docs for v in d["first_token_attention"]] + [even_first_token_share(n) for n in lengths])
+    ax1.set_ylim(0, min(1.0, 1.25 * top) if top > 0 else 1.0)
     ax1.set_ylabel("attention on token 0")
     ax1.set_title("First-token attention")
     ax2.set_yscale("log")
