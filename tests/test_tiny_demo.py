@@ -104,7 +104,7 @@ def test_quick_demo_prints_what_the_readme_shows(tmp_path, vllm_engines):
     for m in ("baseline", "gated"):
         for seed in (0, 1, 2):
             results = json.loads((out / f"{m}-seed{seed}" / "ruler" / f"{m}-seed{seed}-yarn" / "results.json").read_text())
-            assert results["model"]["yarn_factor"] == 16 and results["model"]["trained_length"] == 256
+            assert results["model"]["yarn_factor"] == 32 and results["model"]["trained_length"] == 256
             assert results["backend"]["name"] == "vllm"
     assert (out / "compare" / "compare.png").is_file() and (out / "compare" / "loss.png").is_file()
     readme = (ROOT / "README.md").read_text()
