@@ -111,6 +111,12 @@ def special_tokens_added(tokenizer: Any) -> int:
     return max(0, len(with_special) - len(without))
 
 
+def leading_bos(tokenizer: Any) -> int | None:
+    """The BOS id the tokenizer puts before every text, or None when it adds none: what a prompt, a `sinks` window
+    and a `stream`-packed training sequence begin with."""
+    return tokenizer.bos_token_id if special_tokens_added(tokenizer) and tokenizer.bos_token_id is not None else None
+
+
 def write_reference_tokenizer(out: str | os.PathLike) -> Path:
     """Write the Mistral-7B v1 SentencePiece tokenizer (32k vocab) as a transformers fast tokenizer.
 

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from longctx.checkpoint.tokenizer import special_tokens_added
+from longctx.checkpoint.tokenizer import leading_bos
 from longctx.core.errors import InputError
 from longctx.core.files import atomic_dir, write_json
 from longctx.core.hashing import hash_json
@@ -214,7 +214,7 @@ def build_packed_dataset(specs: Sequence[str], tokenizer: Any, seq_len: int, *, 
                                      short_fraction=short_fraction, packing=packing, workers=workers, log=log)
     cache = Path(cache_dir)
     budget = -(-num_tokens // seq_len) * seq_len  # whole sequences
-    bos_id = _stream_bos(tokenizer) if packing == "stream" else None
+    bos_id = leading_bos(tokenizer) if packing == "stream" else None  # a stream sequence is one text
     short_budget = round(budget * short_fraction)
     long_budget = budget - short_budget
     pools = [token_pool(specs, tokenizer, long_budget, seed=seed, cache_dir=cache, log=log, workers=workers,
@@ -304,11 +304,6 @@ def _synthetic_document_tokens(seq_len: int, short: bool) -> int:
     """Target length of synthetic documents: a long one fills one sequence with room for the EOS;
     a short one is an eighth of it, so short documents fill the gaps long ones leave."""
     return max(synthetic.MIN_LENGTH, seq_len // 8 if short else seq_len - 1)
-
-
-def _stream_bos(tokenizer: Any) -> int | None:
-    """The token a `stream` sequence begins with: the BOS the tokenizer puts before a text (None: it adds none)."""
-    return tokenizer.bos_token_id if special_tokens_added(tokenizer) and tokenizer.bos_token_id is not None else None
 
 
 def _write_plan(out: Path, pools: list[Pool], *, seq_len: int, seed: int, num_tokens: int,

@@ -39,7 +39,7 @@ from longctx.checkpoint.directory import checkpoint_dir, fingerprint, read_confi
 from longctx.checkpoint.load import load_model, model_config
 from longctx.checkpoint.rope import read_rope
 from longctx.checkpoint.rope_settings import check_context
-from longctx.checkpoint.tokenizer import load_tokenizer, special_tokens_added
+from longctx.checkpoint.tokenizer import leading_bos, load_tokenizer
 from longctx.core.clock import utc_timestamp
 from longctx.core.errors import InputError, SettingError, ref
 from longctx.core.files import RULER_RUN_KIND, check_output, make_output, write_json
@@ -65,7 +65,7 @@ def token_windows(tokenizer, spec: str, windows: int, length: int, seed: int = 0
     """`windows` windows of `length` token ids: the documents of `spec` tokenized and concatenated (EOS
     between documents), cut into consecutive pieces, each behind the BOS the tokenizer adds (if any),
     so token 0 is what the model sees first in ordinary use. Returns (windows, whether BOS leads them)."""
-    bos = [tokenizer.bos_token_id] if special_tokens_added(tokenizer) and tokenizer.bos_token_id is not None else []
+    bos = [] if leading_bos(tokenizer) is None else [tokenizer.bos_token_id]
     body = length - len(bos)
     need = windows * body
     stream: list[int] = []
