@@ -53,6 +53,33 @@ def test_a_gated_model_better_on_every_seed_is_supported(tmp_path):
     assert doc["verdict"] == [verdict]
 
 
+def test_each_run_is_compared_with_its_own_seeds_baseline(tmp_path):
+    """With seed groups that hold the baseline, the per-run differences pair seed i with the baseline's seed i (as
+    the section across seeds does), not every run with the baseline's first seed; the baseline's own seeds are
+    each their seed's baseline, so none is compared with another."""
+    dirs, groups = _sweep(tmp_path, {"baseline": [(50.0, 20.0), (54.0, 25.0), (47.0, 18.0)],
+                                     "gated": [(60.0, 45.0), (66.0, 52.0), (58.0, 47.0)]})
+    c = compare(CompareSettings(runs=[str(d) for ds in dirs.values() for d in ds], baseline=str(dirs["baseline"][0]),
+                                replicates=groups, reference=4096, output=str(tmp_path / "cmp")))
+    assert c.baseline_of == {f"{m}-seed{i}": f"baseline-seed{i}" for m in ("baseline", "gated") for i in range(3)}
+    assert {n: d.against for n, d in c.against_baseline.items()} == {f"gated-seed{i}": f"baseline-seed{i}"
+                                                                    for i in range(3)}
+    assert c.against_baseline["gated-seed1"].per_length[8192].mean == pytest.approx(52.0 - 25.0)
+    assert "### Paired differences vs baseline, seed by seed" in c.markdown
+    assert "| gated-seed2 | baseline-seed2 |" in c.markdown
+    assert c.columns[-1] == "Δ vs baseline (same seed)"
+    row = {r[0]: r[-1] for r in c.rows}
+    assert row["gated-seed1"] == f"{((66 + 52) - (54 + 25)) / 2:+.2f}" and row["baseline-seed2"] == "+0.00"
+    doc = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert doc["differences"]["baseline"]["gated-seed0"]["against"] == "baseline-seed0"
+    # without replicates every run is compared with the one baseline run, as before
+    plain = compare(CompareSettings(runs=[str(d) for ds in dirs.values() for d in ds],
+                                    baseline=str(dirs["baseline"][0]), reference=4096))
+    assert plain.baseline_of == {} and set(plain.against_baseline) == {"baseline-seed1", "baseline-seed2",
+                                                                         "gated-seed0", "gated-seed1", "gated-seed2"}
+    assert "### Paired differences vs baseline-seed0" in plain.markdown
+
+
 def test_seeds_that_disagree_support_nothing(tmp_path):
     dirs, groups = _sweep(tmp_path, {"baseline": [(50.0, 20.0), (30.0, 35.0), (47.0, 18.0)],
                                      "gated": [(60.0, 15.0), (28.0, 30.0), (45.0, 25.0)]},

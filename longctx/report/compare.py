@@ -108,8 +108,6 @@ def _comparison(s: CompareSettings, dirs: list[Path], baseline: Path | None) -> 
         read_samples(runs, tasks)
     if s.intervals or s.output is not None:
         add_intervals(table, tasks, notes if s.intervals else None)
-    if base is not None:
-        cmp.against_baseline = {r.name: difference(r, base, table, tasks, notes) for r in runs if r is not base}
     if linked:
         cmp.against_parent = {r.name: difference(r, table.run(r.parent), table, tasks, notes)
                               for r in runs if r.parent is not None}
@@ -117,6 +115,7 @@ def _comparison(s: CompareSettings, dirs: list[Path], baseline: Path | None) -> 
     notes += sink_notes
     for r, doc in zip(runs, sinks):
         r.sinks = doc
+    held = None
     if s.replicates:
         cmp.seed_groups = seed_groups(s, table, tasks)
         held = next((g for g in cmp.seed_groups if base in g.runs), None) if base is not None else None
@@ -124,4 +123,21 @@ def _comparison(s: CompareSettings, dirs: list[Path], baseline: Path | None) -> 
             cmp.seed_baseline = held.name
             cmp.seed_differences = {g.name: group_difference(g, held, table, tasks) for g in cmp.seed_groups
                                     if g is not held}
+    if base is not None:
+        partners = _baseline_partners(runs, base, cmp.seed_groups, held)
+        cmp.baseline_of = {n: p.name for n, p in partners.items()} if held is not None else {}
+        cmp.against_baseline = {r.name: difference(r, partners[r.name], table, tasks, notes) for r in runs
+                                if partners.get(r.name, r) is not r}
     return cmp
+
+
+def _baseline_partners(runs: list, base, groups: list, held) -> dict:
+    """Run name -> the baseline run it is compared with: `base`, or with seed groups that hold it, the run of the
+    same seed in the baseline's group (seed i against seed i, as the section across seeds pairs them; each of the
+    baseline's own runs is its seed's baseline)."""
+    partners = {r.name: base for r in runs}
+    if held is not None:
+        for g in groups:
+            for i, r in enumerate(g.runs):
+                partners[r.name] = held.runs[i]
+    return partners

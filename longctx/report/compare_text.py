@@ -31,12 +31,16 @@ def markdown(cmp: Comparison) -> str:
     lines = [markdown_row(cmp.columns), markdown_row(["---"] * len(cmp.columns)), *map(markdown_row, cmp.rows), "",
              *_legend(cmp)]
     absent = LAYOUT[cmp.layout].absent
-    if cmp.against_baseline:
+    if cmp.against_baseline and cmp.baseline_of:
+        lines += ["", *_difference_section(f"Paired differences vs {cmp.seed_baseline}, seed by seed",
+                                           cmp.against_baseline, cmp.lengths, absent,
+                                           f"its seed's run of {cmp.seed_baseline}", partner="Baseline")]
+    elif cmp.against_baseline:
         lines += ["", *_difference_section(f"Paired differences vs {cmp.baseline}", cmp.against_baseline,
                                            cmp.lengths, absent, cmp.baseline)]
     if cmp.against_parent is not None:
         lines += ["", *_difference_section("Paired differences vs parent", cmp.against_parent, cmp.lengths, absent,
-                                           None)]
+                                           "its parent", partner="Parent")]
     if cmp.seed_groups:
         lines += ["", *seeds_markdown(cmp.seed_groups, cmp.seed_differences, cmp.lengths, cmp.seed_baseline)]
     if cmp.notes:
@@ -67,7 +71,7 @@ def _default_rows(cmp: Comparison) -> tuple[list[str], list[list[str]]]:
     if cmp.parents:
         columns.append("Δ vs parent")
     if cmp.baseline is not None:
-        columns.append(f"Δ vs {cmp.baseline}")
+        columns.append(f"Δ vs {cmp.seed_baseline} (same seed)" if cmp.baseline_of else f"Δ vs {cmp.baseline}")
     rows = []
     for run in table.runs:
         row = [run.name, *[_score(cmp, run, L) for L in table.lengths], fmt(table.avg(run)),
@@ -75,7 +79,7 @@ def _default_rows(cmp: Comparison) -> tuple[list[str], list[list[str]]]:
         if cmp.parents:
             row.append(f"{_gap(table.mean_gap(run, table.run(run.parent)))} ({run.parent})" if run.parent else "")
         if cmp.baseline is not None:
-            row.append(_gap(table.mean_gap(run, table.run(cmp.baseline))))
+            row.append(_gap(table.mean_gap(run, table.run(cmp.baseline_of.get(run.name, cmp.baseline)))))
         rows.append(row)
     return columns, rows
 
@@ -178,21 +182,22 @@ def _diff_cell(d: ReportedDifference | None, absent: str) -> str:
 
 
 def _difference_section(title: str, entries: dict[str, RunDifference], lengths: list[int], absent: str,
-                        against: str | None) -> list[str]:
-    """`### <title>`, a row per run (and its parent when `against` is None), a column per length + Overall, and
-    the legend of what the cells are."""
+                        against: str, partner: str | None = None) -> list[str]:
+    """`### <title>`, a row per run (and, under the column `partner`, the run it is compared with, where that
+    differs by row: its parent, or its seed's baseline run), a column per length + Overall, and the legend of the
+    cells (`against`: what every run is compared with, in words)."""
     shown = [L for L in lengths if any(L in e.per_length for e in entries.values())]
-    columns = ["Run", *([] if against else ["Parent"]), *map(length_label, shown), "Overall"]
+    columns = ["Run", *([partner] if partner else []), *map(length_label, shown), "Overall"]
     lines = [f"### {title}", "", markdown_row(columns), markdown_row(["---"] * len(columns))]
     for n, e in entries.items():
-        lines.append(markdown_row([n, *([] if against else [e.against]),
+        lines.append(markdown_row([n, *([e.against] if partner else []),
                                    *[_diff_cell(e.per_length.get(L), absent) for L in shown],
                                    _diff_cell(e.overall, absent)]))
     return [*lines, "", _difference_legend({e.method for e in entries.values()}, against)]
 
 
-def _difference_legend(methods: set[str | None], against: str | None) -> str:
-    legend = (f"Run − {against or 'its parent'} per length, and Overall over the lengths both have (the mean of the "
+def _difference_legend(methods: set[str | None], against: str) -> str:
+    legend = (f"Run − {against} per length, and Overall over the lengths both have (the mean of the "
               "per-length differences)")
     if "paired" in methods:
         legend += (": the mean per-sample difference on the same prompts [its 95% interval: MOVER from the runs' "

@@ -127,6 +127,9 @@ class Comparison:
     notes: list[str]
     baseline: str | None = None  # the run every other one is compared against
     against_baseline: dict[str, RunDifference] | None = None  # run name -> it − the baseline (None: no baseline)
+    # with seed groups that hold the baseline: run name -> its seed's run of the baseline model (what
+    # `against_baseline` and the Δ column compare it with); empty: every run is compared with `baseline`
+    baseline_of: dict[str, str] = field(default_factory=dict)
     against_parent: dict[str, RunDifference] | None = None  # table5: run name -> it − its parent
     show_intervals: bool = False  # scores shown as `score ± half-width`
     seed_groups: list[Any] = field(default_factory=list)  # `compare_seeds.SeedGroup`s (--replicates)
