@@ -43,7 +43,7 @@ SAMPLES = {
                         rescale=True, overwrite=True, beta_fast=16.0, beta_slow=2.0, truncate=False,
                         config_format="both", trust_remote_code=True)],
     InitSettings: [dict(output="out", preset="paper-1.7b", attention="elementwise", tokenizer="bpe", vocab_size=1024,
-                        bpe_corpus=__file__, match_params=True, dtype="bfloat16", seed=3, tie_embeddings=False,
+                        bpe_corpus=__file__, bpe_bos=True, match_params=True, dtype="bfloat16", seed=3, tie_embeddings=False,
                         config={"max_position_embeddings": 256, "rope_parameters": {"rope_theta": 5e5}},
                         overwrite=True, trust_remote_code=True)],
     ConvertSettings: [dict(source="released", output="out", overwrite=True)],

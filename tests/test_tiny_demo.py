@@ -106,7 +106,7 @@ def test_quick_demo_prints_what_the_readme_shows(tmp_path, vllm_engines):
                         "-o", str(out)], capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     for m in ("baseline", "gated"):
-        for seed in (0, 1, 2):
+        for seed in (0, 1):
             results = json.loads((out / f"{m}-seed{seed}" / "ruler" / f"{m}-seed{seed}-yarn" / "results.json").read_text())
             assert results["model"]["yarn_factor"] == 32 and results["model"]["trained_length"] == 256
             assert results["backend"]["name"] == "vllm"
