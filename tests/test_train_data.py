@@ -199,19 +199,19 @@ def test_stream_sequences_begin_as_the_tokenizer_begins_a_text(bpe_tokenizers, c
     seq_len, docs = 64, [str(corpus["long"])]
     plain = build_packed_dataset(docs, bpe_tokenizers[False], seq_len, num_tokens=5_000, packing="stream",
                                  cache_dir=tmp_path, log=lambda m: None)
-    for tok in (bpe_tokenizers[True],):
-        led = build_packed_dataset(docs, tok, seq_len, num_tokens=5_000, packing="stream", cache_dir=tmp_path,
-                                   log=lambda m: None)
-        assert led.fingerprint != plain.fingerprint and tok.bos_token_id is not None
-        body = []
-        for i in range(len(led)):
-            s = led.get(i)
-            ids, labels, n = s["input_ids"], s["shift_labels"], int(s["tokens"])
-            assert ids[0] == tok.bos_token_id and (ids[1:n] != tok.bos_token_id).all()
-            assert torch.equal(labels[:n - 1], ids[1:n]) and torch.equal(s["position_ids"], torch.arange(seq_len))
-            body.append(ids[1:n])
-        assert sum(len(b) < seq_len - 1 for b in body) <= 1  # a BOS and seq_len - 1 tokens; only the last is short
-        assert tok.eos_token_id in torch.cat(body).tolist()  # documents end with their EOS inside the stream
+    tok = bpe_tokenizers[True]
+    led = build_packed_dataset(docs, tok, seq_len, num_tokens=5_000, packing="stream", cache_dir=tmp_path,
+                               log=lambda m: None)
+    assert led.fingerprint != plain.fingerprint and tok.bos_token_id is not None
+    body = []
+    for i in range(len(led)):
+        s = led.get(i)
+        ids, labels, n = s["input_ids"], s["shift_labels"], int(s["tokens"])
+        assert ids[0] == tok.bos_token_id and (ids[1:n] != tok.bos_token_id).all()
+        assert torch.equal(labels[:n - 1], ids[1:n]) and torch.equal(s["position_ids"], torch.arange(seq_len))
+        body.append(ids[1:n])
+    assert sum(len(b) < seq_len - 1 for b in body) <= 1  # a BOS and seq_len - 1 tokens; only the last is short
+    assert tok.eos_token_id in torch.cat(body).tolist()  # documents end with their EOS inside the stream
     assert all(plain.get(i)["input_ids"][0] != bpe_tokenizers[False].bos_token_id for i in range(len(plain)))
 
 

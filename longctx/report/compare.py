@@ -38,11 +38,11 @@ from longctx.checkpoint.describe import sliding_note
 from longctx.core.errors import InputError
 from longctx.core.files import check_output
 from longctx.report.compare_files import COMPARE_FORMAT, COMPARISON_KIND, write_comparison
-from longctx.report.compare_seeds import group_difference, seed_groups
+from longctx.report.compare_seeds import SeedGroup, group_difference, seed_groups
 from longctx.report.compare_stats import add_intervals, difference, read_samples
 from longctx.report.compare_table import link_parents, load_runs, reference_length, score_table, shared_tasks
 from longctx.report.compare_text import markdown, table_cells
-from longctx.report.comparison import Comparison
+from longctx.report.comparison import ComparedRun, Comparison
 from longctx.report.settings import CompareSettings
 from longctx.report.sinks import sinks_for_runs
 
@@ -127,11 +127,12 @@ def _comparison(s: CompareSettings, dirs: list[Path], baseline: Path | None) -> 
         partners = _baseline_partners(runs, base, cmp.seed_groups, held)
         cmp.baseline_of = {n: p.name for n, p in partners.items()} if held is not None else {}
         cmp.against_baseline = {r.name: difference(r, partners[r.name], table, tasks, notes) for r in runs
-                                if partners.get(r.name, r) is not r}
+                                if partners[r.name] is not r}
     return cmp
 
 
-def _baseline_partners(runs: list, base, groups: list, held) -> dict:
+def _baseline_partners(runs: list[ComparedRun], base: ComparedRun, groups: list[SeedGroup],
+                       held: SeedGroup | None) -> dict[str, ComparedRun]:
     """Run name -> the baseline run it is compared with: `base`, or with seed groups that hold it, the run of the
     same seed in the baseline's group (seed i against seed i, as the section across seeds pairs them; each of the
     baseline's own runs is its seed's baseline)."""

@@ -14,7 +14,7 @@ from longctx.report import stats
 from longctx.report.compare_seeds import verdict
 from longctx.report.comparison import Comparison
 from longctx.report.plots import Series, plot_lines
-from longctx.report.sinks import SINK_VALUE_KEYS, plot_sinks, sink_values
+from longctx.report.sinks import SINK_VALUES, plot_sinks, sink_values
 
 COMPARISON_KIND = "comparison"  # its `longctx.core.files` output marker
 
@@ -57,7 +57,7 @@ def comparison_csv(cmp: Comparison) -> str:
     """compare.csv: a row per run, its score per length, avg, the degradation columns and the sinks averages."""
     table = cmp.table
     later = [L for L in table.lengths if L > table.reference]
-    sink_keys = list(SINK_VALUE_KEYS) if cmp.sinks else []
+    sink_keys = list(SINK_VALUES) if cmp.sinks else []
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["run", *table.lengths, "avg", *[f"delta_{L}_vs_{table.reference}" for L in later], *sink_keys])

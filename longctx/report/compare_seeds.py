@@ -26,11 +26,7 @@ from longctx.report.seeds import (
     paired_across_seeds,
 )
 from longctx.report.settings import CompareSettings
-from longctx.report.sinks import sink_values
-
-# the sinks values compared across seeds: key -> (column, digits)
-SINK_VALUES = {"first_token_attention": ("F-Attn", 3), "m_act": ("M-Act", 2), "gate_mean": ("Gate score", 3),
-               "perplexity": ("PPL", 3)}
+from longctx.report.sinks import SINK_VALUES, sink_values
 
 
 @dataclass

@@ -34,14 +34,16 @@ def perplexity(doc: SinksResults) -> float | None:
     return (doc.get("loss") or {}).get("perplexity")
 
 
-SINK_VALUE_KEYS = ("first_token_attention", "m_act", "gate_mean", "perplexity")  # what compare reads of sinks.json
+# What compare reads of a sinks.json: key -> (its column in the sections across seeds, digits shown there).
+SINK_VALUES = {"first_token_attention": ("F-Attn", 3), "m_act": ("M-Act", 2), "gate_mean": ("Gate score", 3),
+               "perplexity": ("PPL", 3)}
 
 
 def sink_values(doc: SinksResults | None) -> dict[str, float | None] | None:
-    """SINK_VALUE_KEYS of a sinks.json (averages over layers, and the windows' perplexity); None without one."""
+    """SINK_VALUES of a sinks.json (averages over layers, and the windows' perplexity); None without one."""
     if doc is None:
         return None
-    return {**{k: doc["averages"].get(k) for k in SINK_VALUE_KEYS[:-1]}, "perplexity": perplexity(doc)}
+    return {k: perplexity(doc) if k == "perplexity" else doc["averages"].get(k) for k in SINK_VALUES}
 
 
 def _loss_cells(doc: SinksResults) -> list[str]:
