@@ -16,15 +16,16 @@ Three strategies, chosen from the loaded tokenizer's own pipeline description:
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 from collections.abc import Sequence
 
-from longctx.core.parse import loads
 from ruler_tasks.pieces import Fallback, PieceCounter, metaspace_replacement
 from ruler_tasks.text import Join, NumberedList, Part, Rows, render, truncate
 
 _ROWS_BLOCK = 128  # rows per block of `TokenCounter._rows_fields`
+_UNSAFE = -(1 << 62)  # `TokenCounter._join_middle`'s mark of an item that is not a safe cut before the separator
 
 
 def backend_of(tokenizer):
@@ -38,12 +39,18 @@ def backend_of(tokenizer):
     raise TypeError("need a fast (Rust `tokenizers`) tokenizer")
 
 
+def counting_strategy(tokenizer) -> str:
+    """The strategy `TokenCounter` counts this tokenizer's texts with."""
+    return _choose_strategy(json.loads(backend_of(tokenizer).to_str()))[0]
+
+
 class TokenCounter(PieceCounter):
     """Counts tokens of prompt parts exactly as `len(tokenizer.tokenize(render(parts)))`."""
 
     def __init__(self, tokenizer, strategy: str | None = None):
         backend = backend_of(tokenizer)
-        spec = loads(backend.to_str())
+        # the tokenizers library's own serialization of a pipeline it has parsed: no limits to enforce
+        spec = json.loads(backend.to_str())
         super().__init__(backend, spec)
         self.verify = os.environ.get("RULER_TASKS_VERIFY_COUNTS", "") not in ("", "0")
         auto, why = _choose_strategy(spec)
@@ -147,29 +154,52 @@ class TokenCounter(PieceCounter):
     def _join(self, st: _State, j: Join) -> None:
         sep, items = j.sep, j.items
         n = len(items)
+        if sep and n >= 2 and "" in items[:-1]:
+            # An empty item (NIAH's empty haystack chunk at depth 0 or between needles) is its two separators
+            # in a row: the same text as the next item with one separator before it, which keeps the rest
+            # countable item by item.
+            items = list(items)
+            for k in reversed(range(n - 1)):
+                if items[k] == "":
+                    items[k + 1] = sep + items[k + 1]
+                    del items[k]
+            n = len(items)
         if n == 0:
             if j.lead:
                 self._push(st, sep)
             return
-        fast = bool(sep) and n >= 3 and (j.lead or items[0] != "")
-        if fast:
-            s0 = sep[0]
-            cnt = Counter(items[1 : n - 1])
-            for d in list(cnt) + [items[0]]:
-                last = d[-1] if d else sep[-1]
-                if not self._safe(last, s0):
-                    fast = False
-                    break
-        if not fast:
+        middle = self._join_middle(sep, items) if n >= 3 and (j.lead or items[0] != "") else None
+        if middle is None:
             self._push(st, (sep + items[0]) if j.lead else items[0])
             for it in items[1:]:
                 self._push(st, sep + it)
             return
         self._push(st, (sep + items[0]) if j.lead else items[0])
         self._flush(st)
-        cache = self._joined_counts(sep, cnt.keys())
-        st.total += sum(cache[d] * k for d, k in cnt.items())
+        st.total += middle
         self._push(st, sep + items[n - 1])
+
+    def _join_middle(self, sep: str, items: Sequence[str]) -> int | None:
+        """The count of `sep + item` summed over the items but the first and the last, when every cut before a
+        `sep` is safe (the first item's included), else None. Per item, the count is kept, or `_UNSAFE` when
+        its last character and `sep` may merge: one unsafe item makes the sum negative."""
+        s0 = sep[0]
+        if not sep or not self._safe(items[0][-1] if items[0] else sep[-1], s0):
+            return None
+        cache = self._joined.setdefault(sep, {})
+        middle = items[1:-1]
+        try:
+            total = sum(map(cache.__getitem__, middle))
+        except KeyError:
+            if len(cache) > 500_000:
+                cache.clear()
+            missing = list(set(middle).difference(cache))
+            safe = [self._safe(d[-1] if d else sep[-1], s0) for d in missing]
+            counted = [d for d, ok in zip(missing, safe) if ok]
+            cache.update(zip(counted, self._c_many([sep + d for d in counted])))
+            cache.update((d, _UNSAFE) for d, ok in zip(missing, safe) if not ok)
+            total = sum(map(cache.__getitem__, middle))
+        return total if total >= 0 else None
 
     def _rows(self, st: _State, r: Rows) -> None:
         """Count `Rows`: the fixed text once per line, the field values in bulk (`_c_sum`).

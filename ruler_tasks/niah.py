@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 from ruler_tasks._common import GenContext, binary_search, fit_sample, split_answer_prefix
 from ruler_tasks.constants import NEEDLE, NOISE_HAYSTACK, TASK_TEMPLATES
-from ruler_tasks.data import essay_haystack
-from ruler_tasks.punkt import sent_tokenize
 from ruler_tasks.rng import below_rounds, choice_draw, fixed_shuffle, randint_draw, uuid4_str, uuid4_strs
+from ruler_tasks.sentences import essay_sentences
 from ruler_tasks.templates import split_format
 from ruler_tasks.text import Join, Rows, render
 from ruler_tasks.words import niah_keys
@@ -24,31 +21,6 @@ def singular(template: str) -> str:
     """RULER's rewrite when num_needle_q * num_needle_v == 1 (raw substring replaces, in this order)."""
     return (template.replace("Some", "A").replace("are all", "is").replace("are", "is")
             .replace("answers", "answer"))
-
-
-class _EssaySentences:
-    """`sent_tokenize(" ".join(words[:n]).strip())` per haystack size, memoised (a few sizes at a time)."""
-
-    def __init__(self, words: list[str]):
-        self.words = words
-        self.cache: OrderedDict[int, list[str]] = OrderedDict()
-
-    def get(self, n: int) -> list[str]:
-        s = self.cache.get(n)
-        if s is None:
-            w = self.words
-            if n <= len(w):
-                text = " ".join(w[:n])
-            else:
-                repeats = (n + len(w) - 1) // len(w)
-                text = " ".join((w * repeats)[:n])
-            s = sent_tokenize(text.strip())
-            self.cache[n] = s
-            if len(self.cache) > 4:
-                self.cache.popitem(last=False)
-        else:
-            self.cache.move_to_end(n)
-        return s
 
 
 # Key/value kinds drawn as `rng._randbelow(size)`: numbers = randint(10**6, 10**7 - 1), words = choice(keys)
@@ -75,7 +47,7 @@ def generate(ctx: GenContext):
     rng, seed = ctx.rng, ctx.seed
 
     if type_haystack == "essay":
-        sents = _EssaySentences(essay_haystack(ctx.data["essay"]))
+        sents = essay_sentences(ctx.data["essay"])
     elif type_haystack not in ("noise", "needle"):
         raise ValueError(f"unknown type_haystack {type_haystack!r}")
     keys_list = niah_keys() if "words" in (type_k, type_v) else None
@@ -174,6 +146,8 @@ def generate(ctx: GenContext):
     num_haystack = binary_search(ctx, lambda mid: ctx.count(build(mid)[0]) + ttg,
                                  incremental, max(estimated, incremental * 2), incremental)
     ctx.stats["size"] = num_haystack
+    if type_haystack == "essay":
+        sents.keep()
 
     for _ in range(ctx.num_samples):
         (parts, answer), length = fit_sample(ctx, build, num_haystack, incremental)
@@ -190,3 +164,5 @@ def generate(ctx: GenContext):
             "answer_prefix": prefix,
             "token_position_answer": ctx.counter.count_prefix(parts, max(n_prefix, 0)),
         }
+    if type_haystack == "essay":  # the sizes the samples stepped down to
+        sents.keep()

@@ -10,37 +10,32 @@ streamed to a temporary file beside the target and renamed at the end.
 
 from __future__ import annotations
 
-import gc
+import contextlib
 import hashlib
-import importlib
-import json
 import os
 import shutil
-import time
 import warnings
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from longctx.core.errors import ref
-from longctx.core.files import check_output, make_output, open_atomic, write_json
+from longctx.core.files import check_output, make_output, remove_leftovers, write_json
 from longctx.core.hashing import hash_json, sha256_file, tokenizer_fingerprint
 from longctx.core.parse import loads
 from ruler_tasks.constants import UPSTREAM_COMMIT
-from ruler_tasks.counting import TokenCounter
 from ruler_tasks.data import load_source, resolve_sources
 from ruler_tasks.errors import RulerInputError
+from ruler_tasks.making import Inputs, Job, available_cores, make_files, tokenizer_json
 from ruler_tasks.punkt import PUNKT_SHA256
-from ruler_tasks.registry import TaskSpec, resolve_tasks
+from ruler_tasks.registry import TaskSpec, get_task, resolve_tasks
 from ruler_tasks.templates import TEMPLATE_NAMES, model_template
 from ruler_tasks.words import wonderwords_version
 
 MANIFEST = "manifest.json"
 FORMAT = "longctx-ruler-tasks/1"
 TASKS_KIND = "ruler tasks"  # its `longctx.core.files` output marker
-_MODULES = {"niah": "niah", "variable_tracking": "variable_tracking", "common_words_extraction": "common_words",
-            "freq_words_extraction": "freq_words", "qa": "qa"}
 
 
 @dataclass
@@ -66,9 +61,12 @@ class PrepareResult:
 
 
 def load_tokenizer(path):
-    """The fast tokenizer in folder `path`, for library callers that hand `prepare` a folder. A tokenizer that
-    needs its own code is refused: load it with `longctx.checkpoint.tokenizer.load_tokenizer(path,
-    trust_remote_code=True)` (the rule every longctx verb applies) and pass the tokenizer instead."""
+    """The fast tokenizer in folder `path`, for library callers that hand `prepare` a folder (from longctx's cache
+    when this content was loaded before: `longctx.checkpoint.prompt_tokenizer`). A tokenizer that needs its own
+    code is refused: load it with `longctx.checkpoint.tokenizer.load_tokenizer(path, trust_remote_code=True)`
+    (the rule every longctx verb applies) and pass the tokenizer instead."""
+    from longctx.checkpoint.prompt_tokenizer import cached_tokenizer
+
     p = Path(str(path))
     if not p.exists():
         raise RulerInputError(f"tokenizer path '{path}' does not exist (give a directory with tokenizer files)")
@@ -80,6 +78,10 @@ def load_tokenizer(path):
         raise RulerInputError(f"the tokenizer in '{path}' needs its own code (tokenizer_config.json auto_map); "
                               "load it with longctx.checkpoint.tokenizer.load_tokenizer(path, "
                               "trust_remote_code=True) and pass the tokenizer")
+    return cached_tokenizer(p, False, lambda: _load_transformers_tokenizer(p))
+
+
+def _load_transformers_tokenizer(p: Path):
     try:
         from transformers import AutoTokenizer
 
@@ -88,9 +90,9 @@ def load_tokenizer(path):
             tok = AutoTokenizer.from_pretrained(str(p), trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - any load failure is a bad path for the user
         msg = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
-        raise RulerInputError(f"could not load a tokenizer from '{path}' ({msg}); give a transformers tokenizer "
+        raise RulerInputError(f"could not load a tokenizer from '{p}' ({msg}); give a transformers tokenizer "
                               "directory") from None
-    check_tokenizer(tok, path)
+    check_tokenizer(tok, p)
     return tok
 
 
@@ -176,31 +178,6 @@ def _english_words(path) -> tuple[list | None, str | None]:
     return words, hashlib.sha256(raw).hexdigest()
 
 
-def _write_task_file(path: Path, gen, samples: int, label: str, progress: bool) -> tuple[str, int, float | None]:
-    """Stream `gen`'s records to `path` atomically; (sha256, samples, time the first one came out)."""
-    h = hashlib.sha256()
-    n, t_first, bar = 0, None, None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=samples, desc=label, unit="sample", leave=False)
-    try:
-        with open_atomic(path) as f:
-            for rec in gen:
-                if t_first is None:
-                    t_first = time.perf_counter()
-                line = json.dumps(rec) + "\n"
-                f.write(line)
-                h.update(line.encode("utf-8"))
-                n += 1
-                if bar is not None:
-                    bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
-    return h.hexdigest(), n, t_first
-
-
 def prepare(
     tokenizer: Any,
     lengths: Iterable[int],
@@ -219,19 +196,23 @@ def prepare(
     system_prompt: str | None = None,
     chat_template_kwargs: dict | None = None,
     thinking: bool | None = None,
+    workers: int | None = None,
 ) -> PrepareResult:
     """Write `out_dir/<length>/<task>.jsonl` for every length x task, plus `out_dir/manifest.json`.
 
     Maps 1:1 onto `longctx ruler prepare --tokenizer --lengths --tasks --samples --seed --template
-    --system-prompt --chat-template-kwargs --data-dir --essay --squad --hotpotqa -o` (`out_dir`); everything
-    after `lengths` is given by name. `tokenizer` is a tokenizer directory or an already loaded fast tokenizer.
-    Bad input raises `RulerInputError` before anything is written; the few refusals only generation can find
-    (no sample fits the length) remove the folder this call made. `thinking` overrides what the chat template
-    says of thinking (`model_template`). `out_dir` is checked, locked and marked like any verb's output
-    (`longctx.core.files.check_output`): a folder of other files is refused, one this function wrote (a `ruler
-    tasks` output, or an older one with its manifest) is reused and updated.
+    --system-prompt --chat-template-kwargs --data-dir --essay --squad --hotpotqa --workers -o` (`out_dir`);
+    everything after `lengths` is given by name. `tokenizer` is a tokenizer directory or an already loaded fast
+    tokenizer. The files are made by `workers` processes (default: the cores available), the same bytes for any
+    number (`ruler_tasks.making`). Bad input raises `RulerInputError` before anything is written; the few
+    refusals only generation can find (no sample fits the length) remove the folder this call made. `thinking`
+    overrides what the chat template says of thinking (`model_template`). `out_dir` is checked, locked and marked
+    like any verb's output (`longctx.core.files.check_output`): a folder of other files is refused, one this
+    function wrote (a `ruler tasks` output, or an older one with its manifest) is reused and updated.
     """
     specs = resolve_tasks(tasks)
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise RulerInputError(f"{ref('workers')} must be a positive integer (got {workers!r})")
     lengths = _validate(list(lengths) if not isinstance(lengths, int) else lengths, samples, seed, template, specs)
     needed = list(dict.fromkeys(n for s in specs for n in s.needs))
     origins = resolve_sources(needed, data_dir, essay, squad, hotpotqa)
@@ -254,7 +235,7 @@ def prepare(
     # user's own files, one writer at a time.
     with check_output(out, TASKS_KIND, inputs=[("tokenizer", source)] if source.is_dir() else [],
                       legacy=_made_by_prepare):
-        return _write_tasks(inputs, out, request, origins, progress)
+        return _write_tasks(inputs, out, request, origins, progress, workers or available_cores())
 
 
 @dataclass(frozen=True)
@@ -274,7 +255,8 @@ class _Inputs:
     words_sha: str | None
 
 
-def _write_tasks(i: _Inputs, out: Path, request: str, origins: dict[str, str], progress: bool) -> PrepareResult:
+def _write_tasks(i: _Inputs, out: Path, request: str, origins: dict[str, str], progress: bool,
+                 workers: int) -> PrepareResult:
     """The task files of `i` in `out` (locked by the caller): the manifest's own when it answered this very
     `request` and every file is intact, else each reused or generated; the data each needs loaded and checked
     first."""
@@ -294,7 +276,7 @@ def _write_tasks(i: _Inputs, out: Path, request: str, origins: dict[str, str], p
     new = _first_missing(out)
     make_output(out, TASKS_KIND)
     try:
-        result = _generate(i, data=data, out=out, manifest=manifest, progress=progress)
+        result = _generate(i, data=data, out=out, manifest=manifest, progress=progress, workers=workers)
     except RulerInputError:
         if new is not None:  # a folder this call made: a refusal leaves nothing behind
             shutil.rmtree(new, ignore_errors=True)
@@ -334,58 +316,70 @@ def _first_missing(path: Path) -> Path | None:
     return path
 
 
-def _generate(i: _Inputs, *, data: dict[str, Any], out: Path, manifest: dict, progress: bool) -> PrepareResult:
-    """Every (length, task) file: reused when its key and sha256 match, else generated."""
-    from ruler_tasks._common import GenContext
+def _generate(i: _Inputs, *, data: dict[str, Any], out: Path, manifest: dict, progress: bool,
+              workers: int) -> PrepareResult:
+    """Every (length, task) file: reused when its key and sha256 match, else made (`ruler_tasks.making`)."""
+    from ruler_tasks.counting import counting_strategy
 
-    counter = TokenCounter(i.tok)
     files = manifest.setdefault("files", {})
     manifest.update({"upstream": f"NVIDIA/RULER@{UPSTREAM_COMMIT}",
-                     "tokenizer": {"path": i.path_name, "fingerprint": i.fp, "counting": counter.strategy},
+                     "tokenizer": {"path": i.path_name, "fingerprint": i.fp, "counting": counting_strategy(i.tok)},
                      "template": i.mtemplate.describe(), "seed": i.seed, "samples": i.samples,
                      "english_words_sha256": i.words_sha, "wonderwords": wonderwords_version(),
                      "punkt_tab_sha256": PUNKT_SHA256})
     manifest.setdefault("data", {}).update({n: d.manifest_entry() for n, d in data.items()})
-    result = PrepareResult(out_dir=out, manifest=manifest)
-    # The tokenizer, word lists and counting caches are hundreds of thousands of long-lived objects;
-    # every cyclic-GC pass over them costs milliseconds, and generation allocates enough to trigger
-    # many. Frozen (`gc.freeze`), the collector skips them; new garbage is still collected.
-    refreeze = gc.get_freeze_count() == 0
+    timings: dict[str, TaskTiming] = {}
+    jobs, keys = [], {}
+    for L in i.lengths:
+        (out / str(L)).mkdir(exist_ok=True)
+        for spec in i.specs:
+            rel = f"{L}/{spec.name}.jsonl"
+            keys[rel] = key = hash_json({
+                "task": spec.name, "version": spec.version, "args": dict(spec.args), "length": L,
+                "samples": i.samples, "seed": i.seed, "template": i.mtemplate.describe(), "tokenizer": i.fp,
+                "data": {n: data[n].sha256 for n in spec.needs},
+                "wonderwords": wonderwords_version(), "punkt": PUNKT_SHA256,
+                "english_words": i.words_sha if spec.generator == "common_words_extraction" else None,
+            })
+            entry = files.get(rel)
+            if (entry and entry.get("key") == key and (out / rel).is_file()
+                    and sha256_file(out / rel) == entry.get("sha256")):
+                timings[rel] = TaskTiming(spec.name, L, i.samples, 0.0, 0.0, True)
+            else:
+                jobs.append(Job(rel, L, spec.name))
+    # the longest first: the last to finish are short, and no worker waits long for the others
+    jobs.sort(key=lambda j: -j.length * get_task(j.task).work)
+    for L in i.lengths:
+        remove_leftovers(out / str(L), None, "tmp")  # what a killed call left
+    inputs = Inputs(tokenizer_json(i.tok), i.mtemplate, i.samples, i.seed, i.words,
+                    {n: d if d.origin.startswith("hf:") else replace(d, obj=None) for n, d in data.items()}, out)
+    order = list(files) + [j.rel for j in jobs if j.rel not in files]
+    with _progress(progress, len(jobs) * i.samples) as bar:
+        for job, made in make_files(inputs, jobs, workers=workers, data=data, on_sample=bar):
+            spec = get_task(job.task)
+            timings[job.rel] = TaskTiming(spec.name, job.length, i.samples, made.setup_s, made.loop_s, False)
+            files[job.rel] = {"key": keys[job.rel], "sha256": made.sha256, "task": spec.name, "version": spec.version,
+                              "length": job.length, "samples": made.samples, "metric": spec.metric,
+                              "tokens_to_generate": spec.tokens_to_generate, "search": made.stats.get("search"),
+                              "size": made.stats.get("size"), "retries": made.stats.get("retries") or 0}
+            # in a fixed order, whichever file came first
+            manifest["files"] = {rel: files[rel] for rel in order if rel in files}
+            files = manifest["files"]
+            write_json(out / MANIFEST, manifest)
+    rels = [f"{L}/{s.name}.jsonl" for L in i.lengths for s in i.specs]
+    return PrepareResult(out, [out / r for r in rels], [timings[r] for r in rels], manifest)
+
+
+@contextlib.contextmanager
+def _progress(show: bool, total: int) -> Iterator[Callable[[int], None] | None]:
+    """A progress bar over the samples to write (None when not shown): called with how many more are written."""
+    if not show or not total:
+        yield None
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc="task files", unit="sample", leave=False)
     try:
-        for L in i.lengths:
-            (out / str(L)).mkdir(exist_ok=True)
-            for spec in i.specs:
-                rel = f"{L}/{spec.name}.jsonl"
-                path = out / rel
-                key = hash_json({
-                    "task": spec.name, "version": spec.version, "args": dict(spec.args), "length": L,
-                    "samples": i.samples, "seed": i.seed, "template": i.mtemplate.describe(), "tokenizer": i.fp,
-                    "data": {n: data[n].sha256 for n in spec.needs},
-                    "wonderwords": wonderwords_version(), "punkt": PUNKT_SHA256,
-                    "english_words": i.words_sha if spec.generator == "common_words_extraction" else None,
-                })
-                entry = files.get(rel)
-                result.files.append(path)
-                if entry and entry.get("key") == key and path.is_file() and sha256_file(path) == entry.get("sha256"):
-                    result.timings.append(TaskTiming(spec.name, L, i.samples, 0.0, 0.0, True))
-                    continue
-                gc.freeze()  # includes the caches earlier tasks filled
-                t0 = time.perf_counter()
-                ctx = GenContext(spec.name, dict(spec.args), L, i.samples, i.seed, counter, i.mtemplate,
-                                 spec.tokens_to_generate, {n: data[n] for n in spec.needs}, english_words=i.words)
-                gen = importlib.import_module(f"ruler_tasks.{_MODULES[spec.generator]}").generate(ctx)
-                sha, n, t_first = _write_task_file(path, gen, i.samples, f"{L} {spec.name}", progress)
-                t1 = time.perf_counter()
-                # setup = everything before the first sample came out (search included); loop = the rest,
-                # counted as n samples (the first sample's own cost is in setup: small next to the search).
-                result.timings.append(TaskTiming(spec.name, L, i.samples, (t_first or t1) - t0, t1 - (t_first or t1),
-                                                 False))
-                files[rel] = {"key": key, "sha256": sha, "task": spec.name, "version": spec.version,
-                              "length": L, "samples": n, "metric": spec.metric,
-                              "tokens_to_generate": spec.tokens_to_generate, "search": ctx.stats.get("search"),
-                              "size": ctx.stats.get("size"), "retries": ctx.stats.get("retries", 0)}
-                write_json(out / MANIFEST, manifest)
+        yield bar.update
     finally:
-        if refreeze:
-            gc.unfreeze()
-    return result
+        bar.close()

@@ -27,6 +27,9 @@ class TaskSpec:
     # Shortest max length we accept: below it the generator cannot fit its smallest step
     # (upstream would loop forever in its retry loop).
     min_length: int = 1024
+    # How long a sample takes to make, relative to others (scripts/bench_ruler_prepare.py at 128k): the longest
+    # jobs start first, so that no worker is left with a long one at the end.
+    work: float = 1.0
 
     @property
     def tokens_to_generate(self) -> int:
@@ -46,26 +49,29 @@ class TaskSpec:
         return ()
 
 
-def _niah(name, haystack, k, v, nk=1, nv=1, nq=1):
+def _niah(name, haystack, k, v, nk=1, nv=1, nq=1, work=1.0):
     args = dict(type_haystack=haystack, type_needle_k=k, type_needle_v=v,
                 num_needle_k=nk, num_needle_v=nv, num_needle_q=nq)
-    return TaskSpec(name, "niah", MappingProxyType(args))
+    return TaskSpec(name, "niah", MappingProxyType(args), work=work)
 
 
 _SPECS = [
-    _niah("niah_single_1", "noise", "words", "numbers"),
-    _niah("niah_single_2", "essay", "words", "numbers"),
-    _niah("niah_single_3", "essay", "words", "uuids"),
-    _niah("niah_multikey_1", "essay", "words", "numbers", nk=4),
-    _niah("niah_multikey_2", "needle", "words", "numbers"),
-    _niah("niah_multikey_3", "needle", "uuids", "uuids"),
-    _niah("niah_multivalue", "essay", "words", "numbers", nv=4),
-    _niah("niah_multiquery", "essay", "words", "numbers", nq=4),
-    TaskSpec("vt", "variable_tracking", MappingProxyType(dict(type_haystack="noise", num_chains=1, num_hops=4))),
-    TaskSpec("cwe", "common_words_extraction", MappingProxyType(dict(freq_cw=30, freq_ucw=3, num_cw=10))),
-    TaskSpec("fwe", "freq_words_extraction", MappingProxyType(dict(alpha=2.0))),
-    TaskSpec("qa_1", "qa", MappingProxyType(dict(dataset="squad")), metric="string_match_part", min_length=2048),
-    TaskSpec("qa_2", "qa", MappingProxyType(dict(dataset="hotpotqa")), metric="string_match_part", min_length=2048),
+    _niah("niah_single_1", "noise", "words", "numbers", work=0.3),
+    _niah("niah_single_2", "essay", "words", "numbers", work=0.9),
+    _niah("niah_single_3", "essay", "words", "uuids", work=0.8),
+    _niah("niah_multikey_1", "essay", "words", "numbers", nk=4, work=2.1),
+    _niah("niah_multikey_2", "needle", "words", "numbers", work=2.7),
+    _niah("niah_multikey_3", "needle", "uuids", "uuids", work=2.5),
+    _niah("niah_multivalue", "essay", "words", "numbers", nv=4, work=2.1),
+    _niah("niah_multiquery", "essay", "words", "numbers", nq=4, work=1.6),
+    TaskSpec("vt", "variable_tracking", MappingProxyType(dict(type_haystack="noise", num_chains=1, num_hops=4)),
+             work=0.5),
+    TaskSpec("cwe", "common_words_extraction", MappingProxyType(dict(freq_cw=30, freq_ucw=3, num_cw=10)), work=1.2),
+    TaskSpec("fwe", "freq_words_extraction", MappingProxyType(dict(alpha=2.0)), work=1.5),
+    TaskSpec("qa_1", "qa", MappingProxyType(dict(dataset="squad")), metric="string_match_part", min_length=2048,
+             work=0.3),
+    TaskSpec("qa_2", "qa", MappingProxyType(dict(dataset="hotpotqa")), metric="string_match_part", min_length=2048,
+             work=0.3),
 ]
 
 TASKS: Mapping[str, TaskSpec] = MappingProxyType({s.name: s for s in _SPECS})

@@ -8,6 +8,7 @@ rename durable after it (https://man7.org/linux/man-pages/man2/rename.2.html, fs
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import re
@@ -84,14 +85,17 @@ def _process_gone(pid: int) -> bool:
     return False
 
 
-def remove_leftovers(parent: Path, name: str, tag: str) -> None:
-    """Remove what a killed process left while writing `parent/name` (its `.NAME.<tag>-*` entries)."""
+def remove_leftovers(parent: Path, name: str | None, tag: str) -> None:
+    """Remove what a killed process left while writing `parent/name` (its `.NAME.<tag>-*` entries; `name` None:
+    for any name in `parent`)."""
     host = socket.gethostname()
     with contextlib.suppress(OSError):
-        for item in parent.glob(f".{name}.{tag}-*"):
-            rest = item.name[len(f".{name}.{tag}-"):]
-            owner, _, pid = rest.rpartition("-")[0].rpartition("-")
-            if owner == host and pid.isdigit() and int(pid) != os.getpid() and _process_gone(int(pid)):
+        for item in parent.glob(f".{'*' if name is None else glob.escape(name)}.{tag}-*"):
+            m = _TEMPORARY.fullmatch(item.name)
+            if m is None or m["tag"] != tag or (name is not None and m["name"] != name):
+                continue
+            pid = int(m["pid"])
+            if m["host"] == host and pid != os.getpid() and _process_gone(pid):
                 if item.is_dir() and not item.is_symlink():
                     shutil.rmtree(item, ignore_errors=True)
                 else:

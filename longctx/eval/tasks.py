@@ -1,7 +1,9 @@
 """`longctx ruler prepare`, and the tokenizer both RULER verbs cut task files with.
 
 The tokenizer is loaded by `longctx.checkpoint.tokenizer.load_tokenizer`, the loader (and the remote-code rule)
-of every verb, and must be a fast one: the task generators fit lengths exactly with its Rust definition.
+of every verb, the first time a folder's content is seen, and from longctx's cache after that
+(`longctx.checkpoint.prompt_tokenizer`: no transformers, no torch); it must be a fast one: the task generators fit
+lengths exactly with its Rust definition.
 """
 
 from __future__ import annotations
@@ -11,18 +13,20 @@ from pathlib import Path
 from typing import Any
 
 from longctx.checkpoint.hub import resolve_checkpoint
-from longctx.checkpoint.tokenizer import load_tokenizer
+from longctx.checkpoint.prompt_tokenizer import cached_tokenizer
+from longctx.checkpoint.tokenizer import load_tokenizer, require_tokenizer_files
 from longctx.core.errors import InputError, SettingError
 from longctx.eval.settings import PrepareSettings
 from ruler_tasks.prepare import PrepareResult, check_fast, prepare
 
 
 def load_task_tokenizer(path: str | os.PathLike, trust_remote_code: bool) -> Any:
-    """The fast tokenizer in folder `path` (code it ships runs only with `trust_remote_code`)."""
+    """The fast tokenizer in folder `path` (code it ships runs only with `trust_remote_code`), as prompts need it."""
     if not Path(path).exists():
         raise InputError(f"tokenizer path '{path}' does not exist (give a tokenizer or checkpoint folder, or a Hub "
                          "id)")
-    tokenizer = load_tokenizer(path, trust_remote_code)
+    require_tokenizer_files(path)
+    tokenizer = cached_tokenizer(path, trust_remote_code, lambda: load_tokenizer(path, trust_remote_code))
     check_fast(tokenizer, path)
     return tokenizer
 

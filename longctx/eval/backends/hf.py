@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from longctx.checkpoint.load import check_device, load_model, model_config
+from longctx.checkpoint.prompt_tokenizer import transformers_tokenizer
 from longctx.checkpoint.tokenizer import load_tokenizer
 from longctx.core.errors import InputError
 from longctx.core.kinds import Text
@@ -80,7 +81,8 @@ class HfBackend(Backend):
 
 
         device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.tok = self.tok or load_tokenizer(self.checkpoint, self.trust_remote_code)
+        self.tok = (transformers_tokenizer(self.tok) if self.tok is not None else
+                    load_tokenizer(self.checkpoint, self.trust_remote_code))
         self.model = load_model(self.checkpoint, dtype=self.dtype, device=device,
                                 trust_remote_code=self.trust_remote_code).eval()
 
