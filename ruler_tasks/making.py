@@ -155,17 +155,20 @@ def available_cores() -> int:
 
 
 def make_files(inputs: Inputs, jobs: Sequence[Job], *, workers: int, data: dict[str, DataSource] | None = None,
-               on_sample: Callable[[int], None] | None = None) -> Iterator[tuple[Job, Made]]:
+               on_sample: Callable[[int], None] | None = None, stop: Callable[[], bool] | None = None,
+               in_workers: bool = False) -> Iterator[tuple[Job, Made]]:
     """Each job's file made, as (job, what it gave), in the order they finish: in this process when one worker (or
-    one job) is asked for (with the sources already loaded in `data`), else in up to `workers` processes. `jobs`
-    come in the order they should start (the longest first keeps the workers busy to the end). `on_sample(k)`: k
-    more samples are written."""
-    if workers <= 1 or len(jobs) <= 1:
+    one job) is asked for (with the sources already loaded in `data`), else in up to `workers` processes;
+    `in_workers`: in worker processes whatever their number (this process then only waits, while its other
+    threads work). `jobs` come in the order they should start (the longest first keeps the workers busy to the
+    end). `on_sample(k)`: k more samples are written. `stop()` true (asked at each sample): `Stopped` is raised."""
+    if not in_workers and (workers <= 1 or len(jobs) <= 1):
         maker = Maker(inputs, data=dict(data or {}))
         for job in jobs:
-            yield job, maker.make(job, (lambda: on_sample(1)) if on_sample is not None else None)
+            yield job, maker.make(job, (lambda: on_sample(1)) if on_sample is not None else None, stop)
         return
-    yield from _in_workers(inputs, jobs, min(workers, len(jobs)), on_sample)
+    if jobs:
+        yield from _in_workers(inputs, jobs, max(1, min(workers, len(jobs))), on_sample, stop)
 
 
 _WORKER: tuple[Maker, Any, Any] | None = None
@@ -189,8 +192,8 @@ def _worker_make(job: Job) -> Made:
     return maker.make(job, one, stop.is_set)
 
 
-def _in_workers(inputs: Inputs, jobs: Sequence[Job], workers: int,
-                on_sample: Callable[[int], None] | None) -> Iterator[tuple[Job, Made]]:
+def _in_workers(inputs: Inputs, jobs: Sequence[Job], workers: int, on_sample: Callable[[int], None] | None,
+                stop_asked: Callable[[], bool] | None) -> Iterator[tuple[Job, Made]]:
     mp = multiprocessing.get_context("spawn")
     written, stop = mp.Value("q", 0), mp.Event()
     seen = 0
@@ -205,6 +208,8 @@ def _in_workers(inputs: Inputs, jobs: Sequence[Job], workers: int,
             pending = set(futures)
             while pending:
                 done, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
+                if stop_asked is not None and stop_asked():
+                    raise Stopped
                 if on_sample is not None and written.value > seen:
                     now = written.value
                     on_sample(now - seen)

@@ -29,7 +29,7 @@ from ruler_tasks.data import load_source, resolve_sources
 from ruler_tasks.errors import RulerInputError
 from ruler_tasks.making import Inputs, Job, available_cores, make_files, tokenizer_json
 from ruler_tasks.punkt import PUNKT_SHA256
-from ruler_tasks.registry import TaskSpec, get_task, resolve_tasks
+from ruler_tasks.registry import TASK_NAMES, TaskSpec, get_task, resolve_tasks
 from ruler_tasks.templates import TEMPLATE_NAMES, model_template
 from ruler_tasks.words import wonderwords_version
 
@@ -197,6 +197,8 @@ def prepare(
     chat_template_kwargs: dict | None = None,
     thinking: bool | None = None,
     workers: int | None = None,
+    on_checked: Callable[[], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> PrepareResult:
     """Write `out_dir/<length>/<task>.jsonl` for every length x task, plus `out_dir/manifest.json`.
 
@@ -209,6 +211,11 @@ def prepare(
     overrides what the chat template says of thinking (`model_template`). `out_dir` is checked, locked and marked
     like any verb's output (`longctx.core.files.check_output`): a folder of other files is refused, one this
     function wrote (a `ruler tasks` output, or an older one with its manifest) is reused and updated.
+
+    For a caller that does something else meanwhile in another thread (`longctx ruler` starts its engine):
+    `on_checked()` is called once the inputs have passed every check made before writing, and the files are then
+    made in worker processes only; `stop()` true makes the call end at the next sample with
+    `ruler_tasks.making.Stopped`, the files in progress removed.
     """
     specs = resolve_tasks(tasks)
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
@@ -235,7 +242,8 @@ def prepare(
     # user's own files, one writer at a time.
     with check_output(out, TASKS_KIND, inputs=[("tokenizer", source)] if source.is_dir() else [],
                       legacy=_made_by_prepare):
-        return _write_tasks(inputs, out, request, origins, progress, workers or available_cores())
+        return _write_tasks(inputs, out, request, origins, progress, workers or available_cores(), on_checked,
+                            stop)
 
 
 @dataclass(frozen=True)
@@ -255,8 +263,8 @@ class _Inputs:
     words_sha: str | None
 
 
-def _write_tasks(i: _Inputs, out: Path, request: str, origins: dict[str, str], progress: bool,
-                 workers: int) -> PrepareResult:
+def _write_tasks(i: _Inputs, out: Path, request: str, origins: dict[str, str], progress: bool, workers: int,
+                 on_checked: Callable[[], None] | None, stop: Callable[[], bool] | None) -> PrepareResult:
     """The task files of `i` in `out` (locked by the caller): the manifest's own when it answered this very
     `request` and every file is intact, else each reused or generated; the data each needs loaded and checked
     first."""
@@ -265,6 +273,8 @@ def _write_tasks(i: _Inputs, out: Path, request: str, origins: dict[str, str], p
     rels = [f"{L}/{s.name}.jsonl" for L in i.lengths for s in i.specs]
     manifest = _read_manifest(out)
     if manifest.get("request") == request and _intact(out, manifest, rels):
+        if on_checked is not None:
+            on_checked()
         return PrepareResult(out, [out / r for r in rels],
                              [TaskTiming(s.name, L, i.samples, 0.0, 0.0, True) for L in i.lengths for s in i.specs],
                              manifest)
@@ -273,10 +283,13 @@ def _write_tasks(i: _Inputs, out: Path, request: str, origins: dict[str, str], p
         if spec.generator == "qa":
             check_samples(spec.name, spec.args["dataset"], data[spec.args["dataset"]].obj, i.samples,
                           spec.args.get("pre_samples", 0))
+    if on_checked is not None:
+        on_checked()
     new = _first_missing(out)
     make_output(out, TASKS_KIND)
     try:
-        result = _generate(i, data=data, out=out, manifest=manifest, progress=progress, workers=workers)
+        result = _generate(i, data=data, out=out, manifest=manifest, progress=progress, workers=workers,
+                           stop=stop, in_workers=on_checked is not None)
     except RulerInputError:
         if new is not None:  # a folder this call made: a refusal leaves nothing behind
             shutil.rmtree(new, ignore_errors=True)
@@ -316,8 +329,8 @@ def _first_missing(path: Path) -> Path | None:
     return path
 
 
-def _generate(i: _Inputs, *, data: dict[str, Any], out: Path, manifest: dict, progress: bool,
-              workers: int) -> PrepareResult:
+def _generate(i: _Inputs, *, data: dict[str, Any], out: Path, manifest: dict, progress: bool, workers: int,
+              stop: Callable[[], bool] | None = None, in_workers: bool = False) -> PrepareResult:
     """Every (length, task) file: reused when its key and sha256 match, else made (`ruler_tasks.making`)."""
     from ruler_tasks.counting import counting_strategy
 
@@ -353,21 +366,28 @@ def _generate(i: _Inputs, *, data: dict[str, Any], out: Path, manifest: dict, pr
         remove_leftovers(out / str(L), None, "tmp")  # what a killed call left
     inputs = Inputs(tokenizer_json(i.tok), i.mtemplate, i.samples, i.seed, i.words,
                     {n: d if d.origin.startswith("hf:") else replace(d, obj=None) for n, d in data.items()}, out)
-    order = list(files) + [j.rel for j in jobs if j.rel not in files]
     with _progress(progress, len(jobs) * i.samples) as bar:
-        for job, made in make_files(inputs, jobs, workers=workers, data=data, on_sample=bar):
+        for job, made in make_files(inputs, jobs, workers=workers, data=data, on_sample=bar, stop=stop,
+                                    in_workers=in_workers):
             spec = get_task(job.task)
             timings[job.rel] = TaskTiming(spec.name, job.length, i.samples, made.setup_s, made.loop_s, False)
             files[job.rel] = {"key": keys[job.rel], "sha256": made.sha256, "task": spec.name, "version": spec.version,
                               "length": job.length, "samples": made.samples, "metric": spec.metric,
                               "tokens_to_generate": spec.tokens_to_generate, "search": made.stats.get("search"),
                               "size": made.stats.get("size"), "retries": made.stats.get("retries") or 0}
-            # in a fixed order, whichever file came first
-            manifest["files"] = {rel: files[rel] for rel in order if rel in files}
-            files = manifest["files"]
+            # by length and task, whichever file came first and whatever was made before
+            manifest["files"] = files = dict(sorted(files.items(), key=lambda kv: _file_order(kv[0])))
             write_json(out / MANIFEST, manifest)
     rels = [f"{L}/{s.name}.jsonl" for L in i.lengths for s in i.specs]
     return PrepareResult(out, [out / r for r in rels], [timings[r] for r in rels], manifest)
+
+
+def _file_order(rel: str) -> tuple:
+    """Where the task file `rel` ("<length>/<task>.jsonl") comes in the manifest: by length, then RULER's task order."""
+    length, _, name = rel.partition("/")
+    task = name.removesuffix(".jsonl")
+    return (int(length) if length.isdigit() else 0, TASK_NAMES.index(task) if task in TASK_NAMES else len(TASK_NAMES),
+            rel)
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ import contextlib
 import string
 from collections import OrderedDict
 from importlib import metadata
+from pathlib import Path
 
 from longctx.core.files import cache_dir, json_object, write_json
 from longctx.core.hashing import hash_json
@@ -53,7 +54,7 @@ class EssaySentences:
         self.texts: list[str] = []  # base[a:b] for the first spans, made as asked for
         self.splits: dict[int, tuple[int, list[tuple[int, int]]]] = {}  # n -> (sentences kept, spans of the rest)
         self.memo: OrderedDict[int, list[str]] = OrderedDict()
-        self.file = cache_dir() / "ruler" / f"essay-sentences-{key}.json" if key else None
+        self.key = key
         self._changed = False
         self._read()
 
@@ -143,6 +144,11 @@ class EssaySentences:
         return out
 
     # --- the cache ------------------------------------------------------------------------------------
+    @property
+    def file(self) -> Path | None:
+        """Where the cache keeps this essay's sentences (the cache folder may change while a process lives)."""
+        return cache_dir() / "ruler" / f"essay-sentences-{self.key}.json" if self.key else None
+
     def _read(self) -> None:
         if self.file is None or not self.file.is_file():
             return
@@ -159,7 +165,7 @@ class EssaySentences:
     def keep(self) -> None:
         """Write what was computed to the cache, with the splits another process wrote there meanwhile (every
         split holds for any text that covers its size)."""
-        if self.file is None or not self._changed:
+        if self.file is None or not (self._changed or not self.file.is_file()):
             return
         with contextlib.suppress(OSError, ValueError):  # a read-only or raced cache only costs time
             doc = json_object(self.file) if self.file.is_file() else {}

@@ -84,6 +84,27 @@ def test_samples_sharing_upstreams_niah_index_all_get_predictions(ruler_checkpoi
 
 
 @pytest.mark.slow
+def test_starting_the_backend_while_the_task_files_are_written_changes_no_prediction(ruler_checkpoint, tmp_path):
+    """The same run with the model loaded while worker processes write the task files, and with the model loaded
+    when the first prediction is asked for: the same task files and predictions, byte for byte."""
+    def run_dir(overlap: bool) -> Path:
+        out = tmp_path / f"overlap-{overlap}"
+        s = RulerRunSettings(checkpoint=str(ruler_checkpoint), lengths=[1024, 2048], output=str(out), tasks=TASKS,
+                             samples=3, backend="hf", workers=2)
+        r = run_settings(s, progress=False, overlap=overlap)
+        assert ("backend_start_s" in r.timings) is overlap and r.new_predictions == 12
+        return out
+
+    def digests(out: Path, folder: str) -> dict[str, str]:
+        return {p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted((out / folder).rglob("*.jsonl"))}
+
+    a, b = run_dir(True), run_dir(False)
+    for folder in ("tasks", "pred"):
+        assert digests(a, folder) == digests(b, folder) and len(digests(a, folder)) == 4
+
+
+@pytest.mark.slow
 def test_hf_run_resumes_without_loss_or_duplicates(ruler_checkpoint, tmp_path):
     out = tmp_path / "run"
     seen = []

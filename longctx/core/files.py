@@ -76,13 +76,20 @@ def temporary_target(name: str, any_process: bool = False) -> str | None:
 
 
 def _process_gone(pid: int) -> bool:
+    """Whether process `pid` has ended: there is none, or only its exit status is left (a zombie: a killed writer
+    whose parent died too, which nothing has reaped yet)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
     except PermissionError:  # someone else's live process
         return False
-    return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:].split()[:1] == ["Z"]
 
 
 def remove_leftovers(parent: Path, name: str | None, tag: str) -> None:

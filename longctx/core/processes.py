@@ -139,20 +139,34 @@ def _after_fork_in_child() -> None:
         _bound_to(os.getppid())
 
 
+_bound_lock = threading.Lock()
+_bound_depth = 0  # blocks of `children_bound` running now, in any thread
+_bound_before: str | None = None  # PARENT_ENV before the first of them
+
+
 @contextlib.contextmanager
 def children_bound() -> Iterator[None]:
     """While the block runs, the processes this one starts die with it: forked ones at once, spawned ones when
     they call `adopt()`. Run it in the thread that starts them and lives as long as they should; processes
-    started after the block (by anything else) are not bound."""
-    before = os.environ.get(PARENT_ENV)
-    _bind()
+    started after the block (by anything else) are not bound. Blocks may nest and run in several threads at once
+    (`ruler` starts its engine while worker processes write the task files): the last one to end restores the
+    environment."""
+    global _bound_depth, _bound_before
+    with _bound_lock:
+        if _bound_depth == 0:
+            _bound_before = os.environ.get(PARENT_ENV)
+        _bind()
+        _bound_depth += 1
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(PARENT_ENV, None)
-        else:
-            os.environ[PARENT_ENV] = before
+        with _bound_lock:
+            _bound_depth -= 1
+            if _bound_depth == 0:
+                if _bound_before is None:
+                    os.environ.pop(PARENT_ENV, None)
+                else:
+                    os.environ[PARENT_ENV] = _bound_before
 
 
 def adopt() -> None:

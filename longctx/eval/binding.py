@@ -153,8 +153,9 @@ def _link_tree(src: Path, dst: Path) -> None:
 
 
 class StagedRun:
-    """A staging folder for the task files (`tasks`, made from the run directory's own when it has some) and
-    run.json of the run directory `out`; `commit(run)` moves them into `out` (making it, when new)."""
+    """A staging folder for the task files (`tasks`, made from the run directory's own when it has some), run.json
+    and the files the backend writes while starting (its engine's log) of the run directory `out`; `commit(run)`
+    moves them into `out` (making it, when new)."""
 
     def __init__(self, out: Path):
         self.out = out
@@ -194,6 +195,9 @@ class StagedRun:
             if live.exists():
                 os.rename(live, self.root / f"{TASKS_DIR}.old")
             os.rename(self.tasks, live)
+        for item in sorted(self.root.iterdir()):  # what the backend wrote while staged (its engine's log)
+            if item.is_file() and item.name != RUN_FILE:
+                os.replace(item, self.out / item.name)
         write_json(self.out / RUN_FILE, run)
         if output_kind(self.out) != RULER_RUN_KIND:
             mark_output(self.out, RULER_RUN_KIND)

@@ -17,6 +17,7 @@ hash is predicted again (`longctx.eval.predictions`); the run directory is trust
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -232,28 +233,31 @@ class _OpenRun:
     template: Any
     max_model_len: int
     t_prep: float
+    t_start: float | None  # until the backend had started, with the task files written meanwhile
     stage: StagedRun
 
 
 def run_ruler(s: RulerRunSettings, *, engine=None, progress: bool = True, log: Callable[[str], None] | None = None,
-              on_prediction: Callable[[dict], None] | None = None) -> RunOutcome:
+              on_prediction: Callable[[dict], None] | None = None, overlap: bool = True) -> RunOutcome:
     """Evaluate `s.checkpoint` on RULER at `s.lengths` into `s.output`.
 
     `engine`: an existing `vllm.LLM` to reuse (tests, benchmarks). `on_prediction(record)` is called
-    after each prediction is written. Bad input raises `InputError`/`RulerInputError` before anything is
-    written to `s.output` (a new one is not made) or passed to `log`; a `SettingError` names the settings of `s`.
+    after each prediction is written. `overlap`: the backend starts (an engine, a model load) while the task
+    files are written, rather than when the first prediction is asked for. Bad input raises
+    `InputError`/`RulerInputError` before anything is written to `s.output` (a new one is not made) or passed to
+    `log`; a `SettingError` names the settings of `s`.
     """
     t_start = time.perf_counter()
     say = log or (lambda _msg: None)
     with _named_as(s):
-        r = _open_run(s, engine, progress, say)
+        r = _open_run(s, engine, progress, say, overlap)
         try:  # the run directory is this process's until the scores are written (`stage.lock`)
             return _predict_and_score(s, r, progress, on_prediction, say, t_start)
         finally:
             r.stage.release()
 
 
-def _open_run(s: RulerRunSettings, engine, progress: bool, say: Callable[[str], None]) -> _OpenRun:
+def _open_run(s: RulerRunSettings, engine, progress: bool, say: Callable[[str], None], overlap: bool) -> _OpenRun:
     """The checks of `s` against the checkpoint, the backend made and checked, the task files and run.json
     staged and moved into the run directory. Every refusal comes before anything is written to the run
     directory or printed: the new task files and run.json are made in a staging folder and moved in once the
@@ -279,7 +283,7 @@ def _open_run(s: RulerRunSettings, engine, progress: bool, say: Callable[[str], 
         why = f"the {n_special} special token(s) the engine adds" + (
             f" and {s.think_tokens} thinking tokens" if s.think_tokens else "")
         return _stage_run(s, ckpt, fp=fp, tok=tok, specs=specs, bk=bk, room=(extra, why, max_model_len),
-                          progress=progress)
+                          progress=progress, overlap=overlap)
     except BaseException:
         if bk is not None:
             bk.close()
@@ -287,7 +291,7 @@ def _open_run(s: RulerRunSettings, engine, progress: bool, say: Callable[[str], 
 
 
 def _stage_run(s: RulerRunSettings, ckpt: Path, *, fp: str, tok, specs, bk, room: tuple[int, str, int],
-               progress: bool) -> _OpenRun:
+               progress: bool, overlap: bool) -> _OpenRun:
     """The run directory bound to this run (refused when it is bound to another), its task files made in a
     staging folder and checked against the engine's room (`room`: the tokens a sample needs beyond its length,
     what they are, the engine's max_model_len), then moved in with run.json."""
@@ -298,22 +302,75 @@ def _stage_run(s: RulerRunSettings, ckpt: Path, *, fp: str, tok, specs, bk, room
                "chat_template_kwargs": s.chat_template_kwargs, "think_tokens": s.think_tokens,
                "backend": s.backend, "sampling": SAMPLING, "engine": bk.binding()}
     run = check_run_dir(out, binding)
-    t0 = time.perf_counter()
     with staged_run(out) as stage:
-        manifest = prepare(tok, lengths, tasks=[t.name for t in specs], samples=s.samples, seed=s.seed,
-                           template=s.template, data_dir=s.data_dir, essay=s.essay, squad=s.squad,
-                           hotpotqa=s.hotpotqa, out_dir=stage.tasks, progress=progress,
-                           system_prompt=s.system_prompt, chat_template_kwargs=s.chat_template_kwargs,
-                           thinking=None if s.think_tokens is None else s.think_tokens > 0).manifest
-        t_prep = time.perf_counter() - t0
+        made = _tasks_and_start(s, tok, specs, stage, bk, progress=progress, overlap=overlap)
+        manifest = made.manifest
         files = {f"{L}/{t.name}.jsonl": manifest["files"][f"{L}/{t.name}.jsonl"] for L in lengths for t in specs}
         record_task_files(out, run, files)
         _check_engine_room(stage.tasks, lengths, specs, extra, max_model_len, why)
         run["model"] = model_info(ckpt, fp, s.trust_remote_code)
         run["backend"] = bk.settings()
+        staging = stage.root
         stage.commit(run)
-    return _OpenRun(out, lengths, specs, bk, binding, run, files, manifest.get("template"), max_model_len, t_prep,
-                    stage)
+        bk.committed(staging, out)
+    return _OpenRun(out, lengths, specs, bk, binding, run, files, manifest.get("template"), max_model_len,
+                    made.prepare_s, made.start_s, stage)
+
+
+@dataclass
+class _Made:
+    manifest: dict[str, Any]
+    prepare_s: float  # until the task files were written
+    start_s: float | None  # until the backend had started (None: it starts when it generates)
+
+
+def _tasks_and_start(s: RulerRunSettings, tok, specs, stage: StagedRun, bk, *, progress: bool,
+                     overlap: bool) -> _Made:
+    """The task files written into the staging folder and, with `overlap`, the backend started (`Backend.start`)
+    at the same time: the files are written by worker processes, driven from another thread, once every check
+    made before writing has passed (a refusal comes before the backend starts); this thread starts the backend,
+    as vLLM's engine must be started from the thread that lives as long as it (`longctx.core.processes`). A
+    refusal or failure while writing is raised once the start has ended; an interruption stops both."""
+    t0 = time.perf_counter()
+
+    def write(**hooks: Any) -> dict[str, Any]:
+        return prepare(tok, s.lengths, tasks=[t.name for t in specs], samples=s.samples, seed=s.seed,
+                       template=s.template, data_dir=s.data_dir, essay=s.essay, squad=s.squad, hotpotqa=s.hotpotqa,
+                       out_dir=stage.tasks, system_prompt=s.system_prompt,
+                       chat_template_kwargs=s.chat_template_kwargs,
+                       thinking=None if s.think_tokens is None else s.think_tokens > 0, workers=s.workers,
+                       **hooks).manifest
+
+    if not overlap:
+        manifest = write(progress=progress)
+        return _Made(manifest, time.perf_counter() - t0, None)
+    checked, stop = threading.Event(), threading.Event()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["manifest"] = write(progress=False, on_checked=checked.set, stop=stop.is_set)
+            box["prepare_s"] = time.perf_counter() - t0
+        except BaseException as e:  # noqa: BLE001 - handed to the thread that waits for it
+            box["error"] = e
+        finally:
+            checked.set()
+
+    thread = threading.Thread(target=run, name="longctx-ruler-tasks", daemon=True)
+    thread.start()
+    try:
+        checked.wait()
+        if "error" not in box:
+            bk.start(stage.root)
+        start_s = time.perf_counter() - t0
+        thread.join()
+    except BaseException:
+        stop.set()
+        thread.join()
+        raise
+    if "error" in box:
+        raise box["error"]
+    return _Made(box["manifest"], box["prepare_s"], start_s)
 
 
 def _predict_and_score(s: RulerRunSettings, r: _OpenRun, progress: bool,
@@ -333,6 +390,8 @@ def _predict_and_score(s: RulerRunSettings, r: _OpenRun, progress: bool,
         say(f"credential: {bk.credential}")
     say(f"max_model_len {r.max_model_len}; {total} samples, {reused} already predicted, {total - reused} to go "
         f"({s.backend})")
+    if r.t_start is not None:
+        say(f"task files ready in {r.t_prep:.1f} s, {s.backend} started in {r.t_start:.1f} s, the two at once")
     t0 = time.perf_counter()
     count, per_length = _predict(bk, out, lengths=lengths, specs=specs, done=done, pending=total - reused,
                                  progress=progress, on_prediction=on_prediction, think_tokens=s.think_tokens or None)
@@ -349,7 +408,9 @@ def _predict_and_score(s: RulerRunSettings, r: _OpenRun, progress: bool,
         flag = type(s).flag("think_tokens")
         say(f"note: {unfinished} of {total} outputs did not close their thought ({THINK_END}) within "
             f"{flag} {s.think_tokens} and score as wrong; a larger {flag} gives them room")
-    timings = {"prepare_s": round(r.t_prep, 3), "generate_s": round(t_gen, 3), "score_s": round(t_score, 3),
+    timings = {"prepare_s": round(r.t_prep, 3),
+               **({"backend_start_s": round(r.t_start, 3)} if r.t_start is not None else {}),
+               "generate_s": round(t_gen, 3), "score_s": round(t_score, 3),
                "total_s": round(time.perf_counter() - t_start, 3), "new_predictions": count,
                "reused_predictions": reused, "per_length": {str(L): v for L, v in per_length.items()}}
     write_json(out / "scores.json", _scores(s, r, rows, ran, timings))

@@ -45,6 +45,8 @@ class RulerTaskSettings(Settings):
                                                 "hf:<dataset id>.")
     squad: str | None = setting(None, Source(), "SQuAD v2.0 dev (for qa_1): a file or hf:<dataset id>.")
     hotpotqa: str | None = setting(None, Source(), "HotpotQA dev-distractor (for qa_2): a file or hf:<dataset id>.")
+    workers: int | None = setting(None, Int(minimum=1), "Processes that write the task files (the same bytes for "
+                                                        "any count) [default: every CPU core].")
 
     def check(self) -> None:
         try:

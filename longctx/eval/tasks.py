@@ -37,7 +37,7 @@ def prepare_tasks(s: PrepareSettings) -> PrepareResult:
     try:
         return prepare(tokenizer, s.lengths, tasks=s.tasks, samples=s.samples, seed=s.seed, template=s.template,
                        data_dir=s.data_dir, essay=s.essay, squad=s.squad, hotpotqa=s.hotpotqa, out_dir=s.output,
-                       system_prompt=s.system_prompt, chat_template_kwargs=s.chat_template_kwargs)
+                       system_prompt=s.system_prompt, chat_template_kwargs=s.chat_template_kwargs, workers=s.workers)
     except SettingError as e:  # its names are these settings' (a RulerInputError names the parameters)
         e.owner = e.owner or type(s)
         raise

@@ -128,6 +128,17 @@ class Backend:
         """Refusals before anything is generated or the run directory is made (an unreachable server, a config
         the engine cannot read)."""
 
+    def start(self, staging: Path) -> None:
+        """Begin what takes time before the first request (an engine start, a model load): the runner calls it
+        while the task files are being written, so the first request comes as soon as both are ready. What it
+        writes goes into the folder `staging`, which becomes part of the run directory (`committed`), or is
+        removed when the run is refused. A failure is kept and raised by `generate`, after the task files are in
+        place: the run directory then holds them and the log that says what failed. Optional: `generate` starts
+        whatever `start` did not."""
+
+    def committed(self, staging: Path, run_dir: Path) -> None:
+        """The files `start` wrote in `staging` are now in `run_dir`."""
+
     def generate(self, requests: Iterable[Request], on_result: OnResult) -> None:
         """Greedy completions of `requests`, each reported to `on_result(request, text, prompt tokens or None)`
         as it finishes."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from longctx.checkpoint.load import check_device, load_model, model_config
@@ -44,6 +45,7 @@ class HfBackend(Backend):
         self.trust_remote_code = trust_remote_code
         self.model = None
         self.tok = tokenizer
+        self._load_failure: InputError | None = None  # what `start` met, raised by `generate`
 
     @classmethod
     def create(cls, options: HfOptions, context: BackendContext) -> HfBackend:
@@ -86,9 +88,20 @@ class HfBackend(Backend):
         self.model = load_model(self.checkpoint, dtype=self.dtype, device=device,
                                 trust_remote_code=self.trust_remote_code).eval()
 
+    def start(self, staging: Path) -> None:
+        """Load the model; a failure is raised by `generate`."""
+        if self.model is None and self._load_failure is None:
+            try:
+                self._load()
+            except InputError as e:
+                self._load_failure = e
+
     def generate(self, requests: Iterable[Request], on_result: OnResult) -> None:
         import torch
 
+        if self._load_failure is not None:
+            failure, self._load_failure = self._load_failure, None
+            raise failure
         if self.model is None:
             self._load()
         torch.manual_seed(self.seed)

@@ -69,6 +69,10 @@ class VllmOptions(BackendOptions):
             self.typed_engine_args()
 
 
+class _StartFailed(Exception):
+    """The engine did not start; the text says why in a few words (the log has the rest)."""
+
+
 class VllmBackend(Backend):
     """The offline `vllm.LLM` engine."""
 
@@ -100,6 +104,7 @@ class VllmBackend(Backend):
         self._dtype: str | None = None
         self.log: Path | None = None  # where the engine this backend started writes its output
         self._failed = False  # the engine failed while generating (said in one line already)
+        self._start_failure: Exception | None = None  # what `start` met, raised by `generate`
 
     @classmethod
     def create(cls, options: VllmOptions, context: BackendContext) -> VllmBackend:
@@ -159,9 +164,9 @@ class VllmBackend(Backend):
         return cache_dir() / "logs" / f"vllm-engine-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
 
     def _start(self):
-        """`vllm.LLM(...)`, imported and started with its output (~200 lines when it fails) in a log file; a
-        failure is one line that names the cause and the file."""
-        log = self.log = self._log_path()
+        """`vllm.LLM(...)`, imported and started with its output (~200 lines when it fails) in the log file;
+        `_StartFailed` with the cause in a few words when it fails."""
+        log = self.log = self.log or self._log_path()
         try:
             with output_to(log):
                 try:
@@ -190,19 +195,45 @@ class VllmBackend(Backend):
         except Exception as e:  # noqa: BLE001 - whatever stops the engine, the user gets one line and the log
             with contextlib.suppress(OSError), open(log, "a", encoding="utf-8") as f:
                 f.write("\n[longctx] the engine start raised:\n" + traceback.format_exc())
-            raise InputError(f"vLLM could not start the engine for {self.checkpoint} ({engine_error(log, e)}); "
-                             f"full output in {log}") from None
+            raise _StartFailed(engine_error(log, e)) from None
+
+    def start(self, staging: Path) -> None:
+        """Start the engine, its output in `staging`; a failure is raised by `generate`."""
+        if self.llm is not None or self._start_failure is not None:
+            return
+        self.log = staging / ENGINE_LOG
+        try:
+            self._engine()
+        except (InputError, _StartFailed) as e:
+            self._start_failure = e
+
+    def committed(self, staging: Path, run_dir: Path) -> None:
+        if self.log is not None and self.log.parent == staging:
+            self.log = run_dir / self.log.name
 
     def _engine(self):
+        if self._start_failure is not None:
+            failure, self._start_failure = self._start_failure, None
+            raise self._failed_start(failure)
         if self.llm is None:
             # vLLM's INFO lines (engine config, kernels, KV cache) bury the progress bars and tables;
             # warnings still show. VLLM_LOGGING_LEVEL=INFO brings them back.
             os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-            self.llm = self._start()
+            try:
+                self.llm = self._start()
+            except _StartFailed as e:
+                raise self._failed_start(e) from None
         have = self.llm.llm_engine.model_config.max_model_len
         if have < self.max_model_len:
             raise InputError(f"the given vLLM engine has max_model_len {have} < {self.max_model_len} needed")
         return self.llm
+
+    def _failed_start(self, failure: Exception) -> Exception:
+        """The error to raise for a failed engine start: one line naming the cause and where the log is now."""
+        if isinstance(failure, InputError):
+            return failure
+        return InputError(f"vLLM could not start the engine for {self.checkpoint} ({failure}); full output in "
+                          f"{self.log}")
 
     def close(self) -> None:
         """Shut down the engine this backend started, now: its worker processes and KV cache would
