@@ -167,6 +167,9 @@ class VllmBackend(Backend):
         """`vllm.LLM(...)`, imported and started with its output (~200 lines when it fails) in the log file;
         `_StartFailed` with the cause in a few words when it fails."""
         log = self.log = self.log or self._log_path()
+        # vLLM's INFO lines (engine config, kernels, KV cache) bury the progress bars and tables; warnings still
+        # show. VLLM_LOGGING_LEVEL=INFO brings them back.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         try:
             with output_to(log):
                 try:
@@ -203,7 +206,7 @@ class VllmBackend(Backend):
             return
         self.log = staging / ENGINE_LOG
         try:
-            self._engine()
+            self.llm = self._start()
         except (InputError, _StartFailed) as e:
             self._start_failure = e
 
@@ -216,9 +219,6 @@ class VllmBackend(Backend):
             failure, self._start_failure = self._start_failure, None
             raise self._failed_start(failure)
         if self.llm is None:
-            # vLLM's INFO lines (engine config, kernels, KV cache) bury the progress bars and tables;
-            # warnings still show. VLLM_LOGGING_LEVEL=INFO brings them back.
-            os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
             try:
                 self.llm = self._start()
             except _StartFailed as e:
