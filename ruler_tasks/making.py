@@ -12,23 +12,21 @@ stopped or failed call stops every worker at its next sample, and each removes i
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import hashlib
 import importlib
 import json
 import multiprocessing
-import os
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from longctx.core.files import open_atomic
-from longctx.core.processes import adopt, children_bound
+from longctx.core.processes import can_spawn, worker_pool
 from ruler_tasks.counting import TokenCounter, backend_of
 from ruler_tasks.data import DataSource, load_source
 from ruler_tasks.registry import get_task
@@ -146,23 +144,16 @@ def tokenizer_json(tokenizer: Any) -> str:
     return backend_of(tokenizer).to_str()
 
 
-def available_cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
 def make_files(inputs: Inputs, jobs: Sequence[Job], *, workers: int, data: dict[str, DataSource] | None = None,
                on_sample: Callable[[int], None] | None = None, stop: Callable[[], bool] | None = None,
                in_workers: bool = False) -> Iterator[tuple[Job, Made]]:
     """Each job's file made, as (job, what it gave), in the order they finish: in this process when one worker (or
-    one job) is asked for (with the sources already loaded in `data`), else in up to `workers` processes;
+    one job) is asked for (with the sources already loaded in `data`) or no process can be spawned
+    (`longctx.core.processes.can_spawn`), else in up to `workers` processes;
     `in_workers`: in worker processes whatever their number (this process then only waits, while its other
     threads work). `jobs` come in the order they should start (the longest first keeps the workers busy to the
     end). `on_sample(k)`: k more samples are written. `stop()` true (asked at each sample): `Stopped` is raised."""
-    if not in_workers and (workers <= 1 or len(jobs) <= 1):
+    if not can_spawn() or (not in_workers and (workers <= 1 or len(jobs) <= 1)):
         maker = Maker(inputs, data=dict(data or {}))
         for job in jobs:
             yield job, maker.make(job, (lambda: on_sample(1)) if on_sample is not None else None, stop)
@@ -174,10 +165,8 @@ def make_files(inputs: Inputs, jobs: Sequence[Job], *, workers: int, data: dict[
 _WORKER: tuple[Maker, Any, Any] | None = None
 
 
-def _start_worker(inputs: Inputs, written: Any, stop: Any) -> None:
+def _set_worker(inputs: Inputs, written: Any, stop: Any) -> None:
     global _WORKER
-    adopt()  # first: a worker whose parent is gone ends here
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker
     _WORKER = (Maker(inputs), written, stop)
 
 
@@ -197,14 +186,9 @@ def _in_workers(inputs: Inputs, jobs: Sequence[Job], workers: int, on_sample: Ca
     mp = multiprocessing.get_context("spawn")
     written, stop = mp.Value("q", 0), mp.Event()
     seen = 0
-    with contextlib.ExitStack() as stack:
-        # The workers die with this process (a kill -9 included), started from this thread, which lives as long
-        # as they should (`longctx.core.processes`).
-        stack.enter_context(children_bound())
-        pool = ProcessPoolExecutor(workers, mp_context=mp, initializer=_start_worker, initargs=(inputs, written, stop))
-        futures: dict[Future, Job] = {}
+    with worker_pool(workers, _set_worker, (inputs, written, stop)) as pool:
         try:
-            futures = {pool.submit(_worker_make, job): job for job in jobs}
+            futures: dict[Future, Job] = {pool.submit(_worker_make, job): job for job in jobs}
             pending = set(futures)
             while pending:
                 done, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
@@ -219,5 +203,3 @@ def _in_workers(inputs: Inputs, jobs: Sequence[Job], workers: int, on_sample: Ca
         except BaseException:
             stop.set()  # each running job ends at its next sample, and removes its temporary file
             raise
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)

@@ -24,10 +24,11 @@ from longctx.core.errors import ref
 from longctx.core.files import check_output, make_output, remove_leftovers, write_json
 from longctx.core.hashing import hash_json, sha256_file, tokenizer_fingerprint
 from longctx.core.parse import loads
+from longctx.core.processes import available_cores
 from ruler_tasks.constants import UPSTREAM_COMMIT
 from ruler_tasks.data import load_source, resolve_sources
 from ruler_tasks.errors import RulerInputError
-from ruler_tasks.making import Inputs, Job, available_cores, make_files, tokenizer_json
+from ruler_tasks.making import Inputs, Job, make_files, tokenizer_json
 from ruler_tasks.punkt import PUNKT_SHA256
 from ruler_tasks.registry import TASK_NAMES, TaskSpec, get_task, resolve_tasks
 from ruler_tasks.templates import TEMPLATE_NAMES, model_template
@@ -36,6 +37,10 @@ from ruler_tasks.words import wonderwords_version
 MANIFEST = "manifest.json"
 FORMAT = "longctx-ruler-tasks/1"
 TASKS_KIND = "ruler tasks"  # its `longctx.core.files` output marker
+# Seconds a sample of `TaskSpec.work` 1 takes per token of length (about 10 ms at 128k, one core), and the work
+# below which the default number of workers is one: starting a worker process costs about half a second.
+_SAMPLE_S_PER_TOKEN = 0.01 / 131072
+_WORKERS_FROM_S = 2.0
 
 
 @dataclass
@@ -205,12 +210,13 @@ def prepare(
     Maps 1:1 onto `longctx ruler prepare --tokenizer --lengths --tasks --samples --seed --template
     --system-prompt --chat-template-kwargs --data-dir --essay --squad --hotpotqa --workers -o` (`out_dir`);
     everything after `lengths` is given by name. `tokenizer` is a tokenizer directory or an already loaded fast
-    tokenizer. The files are made by `workers` processes (default: the cores available), the same bytes for any
-    number (`ruler_tasks.making`). Bad input raises `RulerInputError` before anything is written; the few
-    refusals only generation can find (no sample fits the length) remove the folder this call made. `thinking`
-    overrides what the chat template says of thinking (`model_template`). `out_dir` is checked, locked and marked
-    like any verb's output (`longctx.core.files.check_output`): a folder of other files is refused, one this
-    function wrote (a `ruler tasks` output, or an older one with its manifest) is reused and updated.
+    tokenizer. The files are made by `workers` processes (default: the cores available, or this process alone
+    for a couple of seconds of work), the same bytes for any number (`ruler_tasks.making`). Bad input raises
+    `RulerInputError` before anything is written; the few refusals only generation can find (no sample fits
+    the length) remove the folder this call made. `thinking` overrides what the chat template says of thinking
+    (`model_template`). `out_dir` is checked, locked and marked like any verb's output
+    (`longctx.core.files.check_output`): a folder of other files is refused, one this function wrote (a `ruler
+    tasks` output, or an older one with its manifest) is reused and updated.
 
     For a caller that does something else meanwhile in another thread (`longctx ruler` starts its engine):
     `on_checked()` is called once the inputs have passed every check made before writing, and the files are then
@@ -242,8 +248,7 @@ def prepare(
     # user's own files, one writer at a time.
     with check_output(out, TASKS_KIND, inputs=[("tokenizer", source)] if source.is_dir() else [],
                       legacy=_made_by_prepare):
-        return _write_tasks(inputs, out, request, origins, progress, workers or available_cores(), on_checked,
-                            stop)
+        return _write_tasks(inputs, out, request, origins, progress, workers, on_checked, stop)
 
 
 @dataclass(frozen=True)
@@ -263,7 +268,7 @@ class _Inputs:
     words_sha: str | None
 
 
-def _write_tasks(i: _Inputs, out: Path, request: str, origins: dict[str, str], progress: bool, workers: int,
+def _write_tasks(i: _Inputs, out: Path, request: str, origins: dict[str, str], progress: bool, workers: int | None,
                  on_checked: Callable[[], None] | None, stop: Callable[[], bool] | None) -> PrepareResult:
     """The task files of `i` in `out` (locked by the caller): the manifest's own when it answered this very
     `request` and every file is intact, else each reused or generated; the data each needs loaded and checked
@@ -329,7 +334,7 @@ def _first_missing(path: Path) -> Path | None:
     return path
 
 
-def _generate(i: _Inputs, *, data: dict[str, Any], out: Path, manifest: dict, progress: bool, workers: int,
+def _generate(i: _Inputs, *, data: dict[str, Any], out: Path, manifest: dict, progress: bool, workers: int | None,
               stop: Callable[[], bool] | None = None, in_workers: bool = False) -> PrepareResult:
     """Every (length, task) file: reused when its key and sha256 match, else made (`ruler_tasks.making`)."""
     from ruler_tasks.counting import counting_strategy
@@ -362,6 +367,9 @@ def _generate(i: _Inputs, *, data: dict[str, Any], out: Path, manifest: dict, pr
                 jobs.append(Job(rel, L, spec.name))
     # the longest first: the last to finish are short, and no worker waits long for the others
     jobs.sort(key=lambda j: -j.length * get_task(j.task).work)
+    if workers is None:  # every core, when the work is worth starting processes for
+        work_s = sum(get_task(j.task).work * j.length for j in jobs) * i.samples * _SAMPLE_S_PER_TOKEN
+        workers = available_cores() if work_s >= _WORKERS_FROM_S else 1
     for L in i.lengths:
         remove_leftovers(out / str(L), None, "tmp")  # what a killed call left
     inputs = Inputs(tokenizer_json(i.tok), i.mtemplate, i.samples, i.seed, i.words,

@@ -87,14 +87,19 @@ def test_a_cached_tokenizer_is_the_one_transformers_builds(which, reference_toke
         assert third.loaded is None
 
 
+def _set_template(folder: Path, template: str) -> None:
+    """The chat template of the tokenizer saved in `folder`, as tokenizer_config.json's own."""
+    config = folder / "tokenizer_config.json"
+    cfg = json.loads(config.read_text())
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    cfg["chat_template"] = template
+    config.write_text(json.dumps(cfg))
+
+
 def test_a_changed_file_is_a_new_entry_and_a_damaged_one_is_rebuilt(byte_level_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("LONGCTX_CACHE_DIR", str(tmp_path / "cache"))
     before = load_task_tokenizer(byte_level_dir, False)
-    config = byte_level_dir / "tokenizer_config.json"
-    cfg = json.loads(config.read_text())
-    (byte_level_dir / "chat_template.jinja").unlink(missing_ok=True)
-    cfg["chat_template"] = "{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
-    config.write_text(json.dumps(cfg))
+    _set_template(byte_level_dir, "{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
     after = load_task_tokenizer(byte_level_dir, False)
     assert after.loaded is not None  # not the old entry
     assert after.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False) == "[x]"
@@ -111,11 +116,7 @@ def test_nothing_is_kept_that_could_differ(byte_level_dir, tmp_path, monkeypatch
     """A rendering of a template that reads the clock is made every time; a tokenizer whose pipeline alone does
     not give its ids is used as transformers builds it, and nothing is kept."""
     monkeypatch.setenv("LONGCTX_CACHE_DIR", str(tmp_path / "cache"))
-    config = byte_level_dir / "tokenizer_config.json"
-    cfg = json.loads(config.read_text())
-    (byte_level_dir / "chat_template.jinja").unlink(missing_ok=True)
-    cfg["chat_template"] = "{{ strftime_now('%Y') }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    config.write_text(json.dumps(cfg))
+    _set_template(byte_level_dir, "{{ strftime_now('%Y') }}{% for m in messages %}{{ m['content'] }}{% endfor %}")
     tok = load_task_tokenizer(byte_level_dir, False)
     tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False)
     assert not tok.renders

@@ -28,7 +28,8 @@ import ctypes
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 # "<pid>:<start time>" of the process that started this one for longctx: a child checks that it is still
 # its parent.
@@ -183,3 +184,46 @@ def adopt() -> None:
         _bound_to(pid)
     elif start_time(pid) != started:
         os._exit(1)  # the process that started this one has ended: so does its work
+
+
+def available_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def can_spawn() -> bool:
+    """Whether a spawned process can start here: it runs the main script again, which it cannot when that came
+    from standard input (`python -`, whose `__file__` is "<stdin>"); its workers would fail to start, over and
+    over."""
+    import __main__
+
+    path = getattr(__main__, "__file__", None)
+    return path is None or os.path.exists(path)
+
+
+@contextlib.contextmanager
+def worker_pool(workers: int, initializer: Callable[..., None], initargs: tuple = ()) -> Iterator[Any]:
+    """A `concurrent.futures.ProcessPoolExecutor` of `workers` processes, each set up by `initializer(*initargs)`
+    and single-threaded for the Rust tokenizer (its TOKENIZERS_PARALLELISM), which die with this process (a kill -9
+    included). Spawned, not forked: the caller may hold torch and process-group threads, which a fork would copy
+    mid-state. Started from the calling thread, which must live as long as the pool (`children_bound`); on leaving
+    the block, work not started is cancelled and the workers end."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with children_bound():
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_start_worker, initargs=(initializer, initargs))
+        try:
+            yield pool
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _start_worker(initializer: Callable[..., None], initargs: tuple) -> None:
+    adopt()  # first: a worker whose parent is gone ends here
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker
+    initializer(*initargs)

@@ -341,7 +341,7 @@ def _tasks_and_start(s: RulerRunSettings, tok, specs, stage: StagedRun, bk, *, p
                        thinking=None if s.think_tokens is None else s.think_tokens > 0, workers=s.workers,
                        **hooks).manifest
 
-    if not overlap:
+    if not (overlap and bk.needs_start()):
         manifest = write(progress=progress)
         return _Made(manifest, time.perf_counter() - t0, None)
     checked, stop = threading.Event(), threading.Event()

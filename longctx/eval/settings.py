@@ -46,7 +46,8 @@ class RulerTaskSettings(Settings):
     squad: str | None = setting(None, Source(), "SQuAD v2.0 dev (for qa_1): a file or hf:<dataset id>.")
     hotpotqa: str | None = setting(None, Source(), "HotpotQA dev-distractor (for qa_2): a file or hf:<dataset id>.")
     workers: int | None = setting(None, Int(minimum=1), "Processes that write the task files (the same bytes for "
-                                                        "any count) [default: every CPU core].")
+                                                        "any count) [default: every CPU core; one for a couple of "
+                                                        "seconds of work].")
 
     def check(self) -> None:
         try:

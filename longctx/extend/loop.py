@@ -47,7 +47,7 @@ from longctx.core.files import (
 )
 from longctx.core.locks import OutputLock
 from longctx.core.parse import loads
-from longctx.core.processes import is_main_process
+from longctx.core.processes import available_cores, is_main_process
 from longctx.extend.model import (
     attention_implementation,
     fsdp_plugin,
@@ -318,7 +318,7 @@ def _train(s: ExtendSettings, c: _Checked, world_size: int, cuda: bool, progress
         ds = build_packed_dataset(s.data, tokenizer, s.seq_len, num_tokens=plan.total_tokens, short_specs=s.short_data,
                                   short_fraction=s.short_fraction, seed=s.seed, packing=s.packing,
                                   cache_dir=Path(s.cache_dir) if s.cache_dir else cache_dir() / "data",
-                                  workers=s.tokenize_workers or len(os.sched_getaffinity(0)), log=log)
+                                  workers=s.tokenize_workers or available_cores(), log=log)
     _start_work(acc, s, work, c, ds)
     trainer = make_trainer(make_training_module(lm, flatten_batch=c.attn == "flash_attention_2"), s, acc, plan)
     start_step = 0

@@ -22,7 +22,6 @@ from __future__ import annotations
 import array
 import contextlib
 import itertools
-import multiprocessing
 import os
 import time
 from collections import deque
@@ -38,7 +37,7 @@ from longctx.core.errors import InputError, SettingError, ref
 from longctx.core.files import atomic_dir, write_json
 from longctx.core.hashing import hash_json, tokenizer_fingerprint
 from longctx.core.parse import loads
-from longctx.core.processes import adopt, children_bound
+from longctx.core.processes import can_spawn, worker_pool
 from longctx.data.sources import iter_documents, source_identity
 
 # Bump when the cache layout or the packing rule changes: old caches are then never reused.
@@ -97,13 +96,9 @@ class _Workers:
         self.encoder, self.eos, self.dtype, self.workers = encoder, eos, dtype, workers
         self.pool: ProcessPoolExecutor | None = None
         self.bound = contextlib.ExitStack()
-        if workers > 1:
-            # The workers die with this process (a kill -9 included), started as they are in `submit`, from this
-            # (the main) thread: `longctx.core.processes`.
-            self.bound.enter_context(children_bound())
-            # spawn: the parent may hold torch and process-group threads, which a fork would copy mid-state
-            self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                            initializer=_start_worker, initargs=(encoder, eos, dtype))
+        if workers > 1 and can_spawn():
+            # started as they are in `submit`, from this (the main) thread
+            self.pool = self.bound.enter_context(worker_pool(workers, _set_worker, (encoder, eos, dtype)))
 
     @property
     def depth(self) -> int:
@@ -119,8 +114,6 @@ class _Workers:
         return done
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
         self.bound.close()
 
 
@@ -142,10 +135,8 @@ def _one_thread() -> Iterator[None]:
 _WORKER: tuple[Any, int | None, np.dtype] | None = None
 
 
-def _start_worker(encoder: Any, eos: int | None, dtype: np.dtype) -> None:
+def _set_worker(encoder: Any, eos: int | None, dtype: np.dtype) -> None:
     global _WORKER
-    adopt()  # first: a worker whose parent is gone ends here
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _WORKER = (encoder, eos, dtype)
 
 

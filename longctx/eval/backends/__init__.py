@@ -128,6 +128,10 @@ class Backend:
         """Refusals before anything is generated or the run directory is made (an unreachable server, a config
         the engine cannot read)."""
 
+    def needs_start(self) -> bool:
+        """Whether `start` has something to do (the runner then writes the task files meanwhile)."""
+        return False
+
     def start(self, staging: Path) -> None:
         """Begin what takes time before the first request (an engine start, a model load): the runner calls it
         while the task files are being written, so the first request comes as soon as both are ready. What it

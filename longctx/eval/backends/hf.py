@@ -88,9 +88,12 @@ class HfBackend(Backend):
         self.model = load_model(self.checkpoint, dtype=self.dtype, device=device,
                                 trust_remote_code=self.trust_remote_code).eval()
 
+    def needs_start(self) -> bool:
+        return self.model is None and self._load_failure is None
+
     def start(self, staging: Path) -> None:
         """Load the model; a failure is raised by `generate`."""
-        if self.model is None and self._load_failure is None:
+        if self.needs_start():
             try:
                 self._load()
             except InputError as e:

@@ -200,9 +200,12 @@ class VllmBackend(Backend):
                 f.write("\n[longctx] the engine start raised:\n" + traceback.format_exc())
             raise _StartFailed(engine_error(log, e)) from None
 
+    def needs_start(self) -> bool:
+        return self.llm is None and self._start_failure is None
+
     def start(self, staging: Path) -> None:
         """Start the engine, its output in `staging`; a failure is raised by `generate`."""
-        if self.llm is not None or self._start_failure is not None:
+        if not self.needs_start():
             return
         self.log = staging / ENGINE_LOG
         try:
