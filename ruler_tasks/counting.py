@@ -16,11 +16,11 @@ Three strategies, chosen from the loaded tokenizer's own pipeline description:
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from collections.abc import Sequence
 
+from longctx.core.parse import loads
 from ruler_tasks.pieces import Fallback, PieceCounter, metaspace_replacement
 from ruler_tasks.text import Join, NumberedList, Part, Rows, render, truncate
 
@@ -41,7 +41,7 @@ def backend_of(tokenizer):
 
 def counting_strategy(tokenizer) -> str:
     """The strategy `TokenCounter` counts this tokenizer's texts with."""
-    return _choose_strategy(json.loads(backend_of(tokenizer).to_str()))[0]
+    return _choose_strategy(loads(backend_of(tokenizer).to_str()))[0]
 
 
 class TokenCounter(PieceCounter):
@@ -49,8 +49,7 @@ class TokenCounter(PieceCounter):
 
     def __init__(self, tokenizer, strategy: str | None = None):
         backend = backend_of(tokenizer)
-        # the tokenizers library's own serialization of a pipeline it has parsed: no limits to enforce
-        spec = json.loads(backend.to_str())
+        spec = loads(backend.to_str())
         super().__init__(backend, spec)
         self.verify = os.environ.get("RULER_TASKS_VERIFY_COUNTS", "") not in ("", "0")
         auto, why = _choose_strategy(spec)

@@ -66,12 +66,10 @@ class PrepareResult:
 
 
 def load_tokenizer(path):
-    """The fast tokenizer in folder `path`, for library callers that hand `prepare` a folder (from longctx's cache
-    when this content was loaded before: `longctx.checkpoint.prompt_tokenizer`). A tokenizer that needs its own
-    code is refused: load it with `longctx.checkpoint.tokenizer.load_tokenizer(path, trust_remote_code=True)`
-    (the rule every longctx verb applies) and pass the tokenizer instead."""
-    from longctx.checkpoint.prompt_tokenizer import cached_tokenizer
-
+    """The fast tokenizer in folder `path`, for library callers that hand `prepare` a folder. A tokenizer that
+    needs its own code is refused: load it with `longctx.checkpoint.tokenizer.load_tokenizer(path,
+    trust_remote_code=True)` (the rule every longctx verb applies) and pass the tokenizer instead. (`longctx ruler
+    prepare` loads it through longctx's cache: `longctx.checkpoint.prompt_tokenizer`.)"""
     p = Path(str(path))
     if not p.exists():
         raise RulerInputError(f"tokenizer path '{path}' does not exist (give a directory with tokenizer files)")
@@ -83,10 +81,6 @@ def load_tokenizer(path):
         raise RulerInputError(f"the tokenizer in '{path}' needs its own code (tokenizer_config.json auto_map); "
                               "load it with longctx.checkpoint.tokenizer.load_tokenizer(path, "
                               "trust_remote_code=True) and pass the tokenizer")
-    return cached_tokenizer(p, False, lambda: _load_transformers_tokenizer(p))
-
-
-def _load_transformers_tokenizer(p: Path):
     try:
         from transformers import AutoTokenizer
 
@@ -95,9 +89,9 @@ def _load_transformers_tokenizer(p: Path):
             tok = AutoTokenizer.from_pretrained(str(p), trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - any load failure is a bad path for the user
         msg = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
-        raise RulerInputError(f"could not load a tokenizer from '{p}' ({msg}); give a transformers tokenizer "
+        raise RulerInputError(f"could not load a tokenizer from '{path}' ({msg}); give a transformers tokenizer "
                               "directory") from None
-    check_tokenizer(tok, p)
+    check_tokenizer(tok, path)
     return tok
 
 

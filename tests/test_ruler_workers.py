@@ -190,7 +190,7 @@ def test_prepare_reads_the_sentences_the_last_run_kept(reference_tokenizer_dir, 
             "from ruler_tasks.prepare import prepare\n"
             f"prepare({str(reference_tokenizer_dir)!r}, [4096], out_dir={str(tmp_path / 'b')!r}, "
             f"tasks={args['tasks']!r}, samples=3, data_dir={str(FIXTURE_DATA)!r}, progress=False, workers=1)\n"
-            "print(sorted(m for m in ('nltk', 'torch', 'transformers') if m in sys.modules))")
+            "print(sorted(m for m in ('nltk',) if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={**os.environ, "LONGCTX_CACHE_DIR": str(tmp_path / "cache")}, check=False)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -32,15 +32,18 @@ def check_size(size: int, max_bytes: int | None, what: str = "the document") -> 
 
 
 def _depth(value: Any) -> int:
-    """Nesting depth of a parsed JSON value (a scalar: 0), without recursion."""
-    deepest, stack = 0, [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, (dict, list)):
-            depth += 1
-            deepest = max(deepest, depth)
-            stack.extend((child, depth) for child in (item.values() if isinstance(item, dict) else item))
-    return deepest
+    """Nesting depth of a parsed JSON value (a scalar: 0), level by level, without recursion (a tokenizer's
+    hundreds of thousands of vocabulary entries and merges are gathered by C loops, and looked at once each)."""
+    depth, level = 0, [value]
+    while True:
+        level = [x for x in level if isinstance(x, (dict, list))]
+        if not level:
+            return depth
+        depth += 1
+        children: list = []
+        for item in level:
+            children.extend(item.values() if isinstance(item, dict) else item)
+        level = children
 
 
 def loads(data: str | bytes, *, max_depth: int = MAX_DEPTH, max_bytes: int | None = None) -> Any:
