@@ -155,8 +155,13 @@ def make_files(inputs: Inputs, jobs: Sequence[Job], *, workers: int, data: dict[
     end). `on_sample(k)`: k more samples are written. `stop()` true (asked at each sample): `Stopped` is raised."""
     if not can_spawn() or (not in_workers and (workers <= 1 or len(jobs) <= 1)):
         maker = Maker(inputs, data=dict(data or {}))
-        for job in jobs:
-            yield job, maker.make(job, (lambda: on_sample(1)) if on_sample is not None else None, stop)
+        thawed = gc.get_freeze_count() == 0  # what `Maker.make` freezes is this process's to collect again after
+        try:
+            for job in jobs:
+                yield job, maker.make(job, (lambda: on_sample(1)) if on_sample is not None else None, stop)
+        finally:
+            if thawed:
+                gc.unfreeze()
         return
     if jobs:
         yield from _in_workers(inputs, jobs, max(1, min(workers, len(jobs))), on_sample, stop)

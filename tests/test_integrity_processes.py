@@ -172,3 +172,29 @@ def test_the_next_writer_kills_what_a_dead_holder_left_running(tmp_path):
             p.kill()
             p.wait()
     assert not (tmp_path / ".out.longctx-lock").exists()
+
+
+def test_blocks_that_bind_children_nest_across_threads(monkeypatch):
+    """`ruler` starts its engine (one block) while another thread starts the task-file workers (another): the
+    processes either starts are bound until the last block ends, and the environment is restored then."""
+    import threading
+
+    from longctx.core.processes import PARENT_ENV, children_bound
+
+    monkeypatch.delenv(PARENT_ENV, raising=False)
+    entered, release = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with children_bound():
+            entered.set()
+            release.wait()
+
+    thread = threading.Thread(target=other)
+    with children_bound():
+        thread.start()
+        entered.wait()
+        assert os.environ[PARENT_ENV].startswith(f"{os.getpid()}:")
+    assert os.environ[PARENT_ENV].startswith(f"{os.getpid()}:")  # the other block still runs
+    release.set()
+    thread.join()
+    assert PARENT_ENV not in os.environ
