@@ -27,7 +27,7 @@ class TaskSpec:
     # Shortest max length we accept: below it the generator cannot fit its smallest step
     # (upstream would loop forever in its retry loop).
     min_length: int = 1024
-    # How long a sample takes to make, relative to others (scripts/bench_ruler_prepare.py at 128k): the longest
+    # How long a sample takes to make, relative to others (`PrepareResult.timings` at 128k): the longest
     # jobs start first, so that no worker is left with a long one at the end.
     work: float = 1.0
 
