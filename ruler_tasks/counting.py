@@ -182,9 +182,9 @@ class TokenCounter(PieceCounter):
         """The count of `sep + item` summed over the items but the first and the last, when every cut before a
         `sep` is safe (the first item's included), else None. Per item, the count is kept, or `_UNSAFE` when
         its last character and `sep` may merge: one unsafe item makes the sum negative."""
-        s0 = sep[0]
-        if not sep or not self._safe(items[0][-1] if items[0] else sep[-1], s0):
+        if not sep or not self._safe(items[0][-1] if items[0] else sep[-1], sep[0]):
             return None
+        s0 = sep[0]
         cache = self._joined.setdefault(sep, {})
         middle = items[1:-1]
         try:

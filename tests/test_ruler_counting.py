@@ -314,3 +314,22 @@ def test_choices_strs_equal_per_call_draws():
         assert choices_strs(r2, string.ascii_lowercase, k, n) == want
         assert r1.getstate() == r2.getstate()
         assert r1.random() == r2.random()
+
+
+@pytest.mark.parametrize("lead", [False, True])
+def test_joins_with_empty_items_equal_full_tokenization(ref_tok, lead):
+    """NIAH's essay haystack has an empty chunk where a needle sits at depth 0 or two share a depth: it is counted
+    item by item like the rest, and still exactly."""
+    sentences = ["The essay goes on.", "It says (something) again!", "Numbers 1234567 and uuids 4f1b-9c2e.",
+                 "Quotes: \"yes.\"", "Last one."] * 30
+    rng = random.Random(5)
+    c = TokenCounter(ref_tok)
+    for _ in range(15):
+        items = list(sentences)
+        for _ in range(rng.randrange(1, 6)):
+            items.insert(rng.randrange(len(items) + 1), "")
+        if rng.random() < 0.3:
+            items[0] = ""
+        for sep in (" ", "\n", " | "):
+            parts = ["Before.", Join(sep, items, lead=lead), "After."]
+            assert c.count(parts) == len(ref_tok(render(parts), add_special_tokens=False).input_ids)
