@@ -25,7 +25,7 @@ from ruler_tasks.pieces import Fallback, PieceCounter, metaspace_replacement
 from ruler_tasks.text import Join, NumberedList, Part, Rows, render, truncate
 
 _ROWS_BLOCK = 128  # rows per block of `TokenCounter._rows_fields`
-_UNSAFE = -(1 << 62)  # `TokenCounter._join_middle`'s mark of an item that is not a safe cut before the separator
+_UNSAFE = -(1 << 62)  # `TokenCounter._sep_sum`'s mark of an item that is not a safe cut before the separator
 
 
 def backend_of(tokenizer):
@@ -140,16 +140,6 @@ class TokenCounter(PieceCounter):
         st.total += self._c(s) if st.started else self._c_first(s)
         st.started = True
 
-    def _joined_counts(self, sep: str, keys) -> dict[str, int]:
-        cache = self._joined.setdefault(sep, {})
-        if len(cache) > 500_000:
-            cache.clear()
-        missing = [k for k in keys if k not in cache]
-        if missing:
-            for k, c in zip(missing, self._c_many([sep + k for k in missing])):
-                cache[k] = c
-        return cache
-
     def _join(self, st: _State, j: Join) -> None:
         sep, items = j.sep, j.items
         n = len(items)
@@ -180,24 +170,28 @@ class TokenCounter(PieceCounter):
 
     def _join_middle(self, sep: str, items: Sequence[str]) -> int | None:
         """The count of `sep + item` summed over the items but the first and the last, when every cut before a
-        `sep` is safe (the first item's included), else None. Per item, the count is kept, or `_UNSAFE` when
-        its last character and `sep` may merge: one unsafe item makes the sum negative."""
+        `sep` is safe (the first item's included), else None."""
         if not sep or not self._safe(items[0][-1] if items[0] else sep[-1], sep[0]):
             return None
+        return self._sep_sum(sep, items[1:-1])
+
+    def _sep_sum(self, sep: str, items: Sequence[str]) -> int | None:
+        """The count of `sep + item` summed over `items`, or None when an item's last character and `sep` may
+        merge. Per separator and item, the count is kept, or `_UNSAFE` for such an item: one makes the sum
+        negative."""
         s0 = sep[0]
         cache = self._joined.setdefault(sep, {})
-        middle = items[1:-1]
         try:
-            total = sum(map(cache.__getitem__, middle))
+            total = sum(map(cache.__getitem__, items))
         except KeyError:
             if len(cache) > 500_000:
                 cache.clear()
-            missing = list(set(middle).difference(cache))
+            missing = list(set(items).difference(cache))
             safe = [self._safe(d[-1] if d else sep[-1], s0) for d in missing]
             counted = [d for d, ok in zip(missing, safe) if ok]
             cache.update(zip(counted, self._c_many([sep + d for d in counted])))
             cache.update((d, _UNSAFE) for d, ok in zip(missing, safe) if not ok)
-            total = sum(map(cache.__getitem__, middle))
+            total = sum(map(cache.__getitem__, items))
         return total if total >= 0 else None
 
     def _rows(self, st: _State, r: Rows) -> None:
@@ -278,14 +272,8 @@ class TokenCounter(PieceCounter):
         n = len(words)
         if n == 0:
             return
-        fast = n >= 2 and self._safe(".", " ") and all(words)
-        if fast:
-            cnt = Counter(words[: n - 1])
-            for w in cnt:
-                if not self._safe(w[-1], " "):
-                    fast = False
-                    break
-        if not fast:
+        middle = self._sep_sum(" ", words[: n - 1]) if n >= 2 and self._safe(".", " ") and all(words) else None
+        if middle is None:
             self._push(st, nl.render())
             return
         self._push(st, "1.")
@@ -297,9 +285,7 @@ class TokenCounter(PieceCounter):
             counts = self._c_many([f" {i}." for i in new])
             for c in counts:
                 pre.append(pre[-1] + c)
-        st.total += pre[n]
-        cache = self._joined_counts(" ", cnt.keys())
-        st.total += sum(cache[w] * k for w, k in cnt.items())
+        st.total += pre[n] + middle
         self._push(st, " " + words[n - 1])
 
 
