@@ -39,9 +39,9 @@ def backend_of(tokenizer):
     raise TypeError("need a fast (Rust `tokenizers`) tokenizer")
 
 
-def counting_strategy(tokenizer) -> str:
-    """The strategy `TokenCounter` counts this tokenizer's texts with."""
-    return _choose_strategy(loads(backend_of(tokenizer).to_str()))[0]
+def counting_strategy(pipeline: str) -> str:
+    """The strategy `TokenCounter` counts texts with for the tokenizer whose Rust pipeline (`to_str()`) this is."""
+    return _choose_strategy(loads(pipeline))[0]
 
 
 class TokenCounter(PieceCounter):

@@ -333,9 +333,10 @@ def _generate(i: _Inputs, *, data: dict[str, Any], out: Path, manifest: dict, pr
     """Every (length, task) file: reused when its key and sha256 match, else made (`ruler_tasks.making`)."""
     from ruler_tasks.counting import counting_strategy
 
+    pipeline = tokenizer_json(i.tok)
     files = manifest.setdefault("files", {})
     manifest.update({"upstream": f"NVIDIA/RULER@{UPSTREAM_COMMIT}",
-                     "tokenizer": {"path": i.path_name, "fingerprint": i.fp, "counting": counting_strategy(i.tok)},
+                     "tokenizer": {"path": i.path_name, "fingerprint": i.fp, "counting": counting_strategy(pipeline)},
                      "template": i.mtemplate.describe(), "seed": i.seed, "samples": i.samples,
                      "english_words_sha256": i.words_sha, "wonderwords": wonderwords_version(),
                      "punkt_tab_sha256": PUNKT_SHA256})
@@ -366,7 +367,7 @@ def _generate(i: _Inputs, *, data: dict[str, Any], out: Path, manifest: dict, pr
         workers = available_cores() if work_s >= _WORKERS_FROM_S else 1
     for L in i.lengths:
         remove_leftovers(out / str(L), None, "tmp")  # what a killed call left
-    inputs = Inputs(tokenizer_json(i.tok), i.mtemplate, i.samples, i.seed, i.words,
+    inputs = Inputs(pipeline, i.mtemplate, i.samples, i.seed, i.words,
                     {n: d if d.origin.startswith("hf:") else replace(d, obj=None) for n, d in data.items()}, out)
     with _progress(progress, len(jobs) * i.samples) as bar:
         for job, made in make_files(inputs, jobs, workers=workers, data=data, on_sample=bar, stop=stop,
