@@ -67,6 +67,7 @@ def test_lengths_below_4096_and_odd(reference_tokenizer_dir, tmp_path):
 @pytest.mark.parametrize("kw, msg", [
     (dict(tasks=["nope"]), "unknown RULER task"),
     (dict(samples=0), "--samples"),
+    (dict(workers=0), "--workers must be a positive integer"),
     (dict(lengths=[512]), "at least 1024"),
     (dict(lengths=[1500], tasks=["qa_1"]), "qa_1 needs a length of at least 2048"),
     (dict(template="fancy"), "unknown template"),
