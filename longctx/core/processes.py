@@ -75,7 +75,7 @@ def is_main_process() -> bool:
     return not rank.isdigit() or int(rank) == 0
 
 
-def _set_parent_death_signal() -> bool:
+def die_with_parent() -> bool:
     """Ask the kernel to SIGKILL this process when the thread that created it ends; False where it cannot
     (not Linux)."""
     try:
@@ -109,7 +109,7 @@ def _starter() -> tuple[int, int] | None:
 def _bound_to(parent: int) -> None:
     """This process dies with `parent`, which started it; it records itself, and binds its own children (vLLM's
     engine process starts the workers) for the rest of its life."""
-    if _set_parent_death_signal() and os.getppid() != parent:
+    if die_with_parent() and os.getppid() != parent:
         os._exit(1)  # the parent ended before the signal was set: it will never come
     _bind()
     record_child(os.getpid())
