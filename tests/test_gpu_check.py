@@ -66,8 +66,6 @@ def test_a_failed_and_a_timed_out_part_are_reported_and_the_rest_run(tmp_path):
     ([], "the full check needs a CUDA device (torch sees none here); run with --smoke for the CPU smoke mode"),
     (["--smoke", "--parts", "extend-flash"], "--parts: no part extend-flash; the parts are correctness, "
                                              "extend-sdpa, extend-flex_attention, extend-flash_attention_2, gate-cost"),
-    (["--smoke", "--parts", "extend-flex_attention"], "--parts: extend-flex_attention cannot run here: extend has "
-                                                      "sdpa on cpu"),
     (["--smoke", "--budget", "sinks"], "--budget sinks: give PART=SECONDS, e.g. gpu-tests=300"),
     (["--smoke", "--budget", "colour=3"], "--budget: no part colour; the parts are correctness, "),
     (["--smoke", "--budget-scale", "0"], "--budget-scale 0 must be above 0"),
