@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
-from longctx.convert.official import convert_checkpoint, split_official_q_proj
+from longctx.convert.layouts import convert_checkpoint
+from longctx.convert.official import split_official_q_proj
 from longctx.convert.settings import ConvertSettings
 
 VOCAB, D, HD, FFN, LAYERS = 512, 64, 64, 96, 2

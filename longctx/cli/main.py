@@ -134,7 +134,7 @@ def _init(s: InitSettings) -> None:
 def _convert(s: ConvertSettings) -> None:
     """Convert checkpoint SOURCE from another layout into the longctx gated-attention family at OUTPUT."""
 
-    from longctx.convert.official import convert_checkpoint
+    from longctx.convert.layouts import convert_checkpoint
 
     r = convert_checkpoint(s)
     click.echo(f"wrote {r.output}")

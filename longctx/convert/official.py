@@ -17,13 +17,13 @@ here with `torch.load(weights_only=True)` only. The output is a `GatedQwen3ForCa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from longctx.checkpoint.directory import checkpoint_dir, copy_side_files, read_config, write_provenance
 from longctx.checkpoint.rope import check_written_rope, read_rope
 from longctx.checkpoint.weights import weight_files
+from longctx.convert.result import ConvertResult
 from longctx.convert.settings import ConvertSettings
 from longctx.core.errors import InputError
 from longctx.core.files import CHECKPOINT_KIND, atomic_dir, check_output
@@ -174,18 +174,8 @@ def _check_keys(state: dict[str, Any], config, src: Path) -> None:
                                      f"{tuple(t.shape)}")
 
 
-@dataclass(frozen=True)
-class ConvertResult:
-    output: Path
-    source: Path
-    attention: str
-    architecture: str
-    parameters: int
-    kv_groups: int  # query heads per KV head
-
-
-def convert_checkpoint(s: ConvertSettings) -> ConvertResult:
-    """Convert `s.source` (a checkpoint in the `s.layout` layout) into a longctx checkpoint at `s.output`."""
+def convert(s: ConvertSettings) -> ConvertResult:
+    """Convert `s.source` (a checkpoint in the official layout) into a longctx checkpoint at `s.output`."""
     from safetensors.torch import save_file
 
     src, out = checkpoint_dir(s.source, weights=True), Path(s.output)  # a local folder or a Hub id
