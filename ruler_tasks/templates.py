@@ -7,8 +7,8 @@ with optional extra template variables) and uses it the same way, except for a t
 model think first (see `model_template`): there the answer prefix ends the user turn instead.
 Braces of the wrapper are escaped because RULER's generators run `str.format` on the whole template.
 Differences from upstream's hand-written wrappers: a leading BOS token string rendered by the chat
-template is dropped (inference servers add BOS themselves), and the NIAH singular rewrite
-("are" -> "is", ...) is applied to the task text only, never to the wrapper.
+template is dropped when the tokenizer adds that BOS itself (as every backend encodes the prompt), and the NIAH
+singular rewrite ("are" -> "is", ...) is applied to the task text only, never to the wrapper.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from longctx.core.errors import ref
+from longctx.core.special_tokens import leading_bos
 from ruler_tasks.errors import RulerInputError
 
 TEMPLATE_NAMES = ("base", "chat")
@@ -32,9 +33,11 @@ _RESERVED_KWARGS = frozenset({
     "return_assistant_tokens_mask", "tokenizer_kwargs"})
 
 
-# The longest a chat template may take to render one conversation: a real one takes milliseconds; one with huge
-# loops (Jinja's sandbox caps each `range` at 100,000 items, not loops nested in loops) would never finish.
+# The most CPU time a chat template's own code may take to render one conversation: a real one takes milliseconds;
+# one with huge loops (Jinja's sandbox caps each `range` at 100,000 items, not loops nested in loops) would never
+# finish.
 RENDER_LIMIT_S = 10.0
+JINJA_FILENAME = "<template>"  # the file name of the code Jinja compiles a template from a string to
 
 
 class _RenderTimeout(BaseException):
@@ -42,17 +45,35 @@ class _RenderTimeout(BaseException):
 
 
 def _bounded(render, *args):
-    """`render(*args)`, stopped with `_RenderTimeout` once it has run `RENDER_LIMIT_S` seconds. Jinja compiles a
-    template to Python, so a trace function (sys.settrace) sees every line it runs and can end it; the
-    previous trace function (a debugger, coverage) is restored after."""
-    deadline = time.monotonic() + RENDER_LIMIT_S
-    previous = sys.gettrace()
+    """`render(*args)`, stopped with `_RenderTimeout` once the template's own code has used `RENDER_LIMIT_S` seconds
+    of this thread's CPU time. Jinja compiles a template to Python, so a trace function (sys.settrace) sees every line
+    it runs and can end it. Only the template's frames are traced and timed: what transformers does around them
+    (imports, compiling the template) and what other processes do to this machine (an engine starting beside it)
+    do not count, so a template never times out for being rendered on a busy machine. The previous trace function
+    (a debugger, coverage) is restored after."""
+    since: float | None = None  # the clock starts when the template's code first runs
+    used = 0.0
+
+    def charge() -> None:
+        nonlocal since, used
+        now = time.thread_time()
+        if since is not None:
+            used += now - since  # Jinja's runtime and the filters the template calls between its lines included
+        since = now
+        if used > RENDER_LIMIT_S:
+            raise _RenderTimeout
+
+    def in_template(frame, event, arg):
+        charge()
+        return in_template
 
     def tracer(frame, event, arg):
-        if time.monotonic() > deadline:
-            raise _RenderTimeout
-        return tracer
+        if frame.f_code.co_filename != JINJA_FILENAME:
+            return None  # not the template's code: not traced line by line
+        charge()
+        return in_template
 
+    previous = sys.gettrace()
     sys.settrace(tracer)
     try:
         return render(*args)
@@ -184,16 +205,19 @@ def model_template(name: str, tokenizer=None, system_prompt: str | None = None,
         text = _bounded(render, system + user, kwargs)
     except _RenderTimeout:
         raise RulerInputError(f"the tokenizer's chat template did not finish rendering one message within "
-                              f"{RENDER_LIMIT_S:g} s (the limit); fix its loops, or use {ref('template')} "
-                              "base") from None
+                              f"{RENDER_LIMIT_S:g} s of CPU time (the limit); fix its loops, or use "
+                              f"{ref('template')} base") from None
     except Exception as e:  # noqa: BLE001 - a template that does not render is a user-input problem
         raise RulerInputError(_render_failure(render, e, system, user, kwargs)) from None
     if not isinstance(text, str) or text.count(_SENTINEL) != 1:
         raise RulerInputError(f"the tokenizer's chat template does not place the user message once; "
                               f"use {ref('template')} base")
     head, tail = text.split(_SENTINEL)
+    # A BOS the template writes and the tokenizer adds again when it encodes the prompt (every backend encodes it
+    # with the tokenizer's special tokens) would be there twice: it is left to the tokenizer. A token the
+    # tokenizer does not add (ChatML's <|im_start|>, named BOS by SmolLM2's tokenizer) stays.
     bos = getattr(tokenizer, "bos_token", None)
-    if bos and head.startswith(bos):
+    if bos and head.startswith(bos) and leading_bos(tokenizer) is not None:
         head = head[len(bos):]
     thinks = _thinks(tail, _template_source(tokenizer)) if thinking is None else thinking
     return ModelTemplate("chat", head, tail, system_prompt, kwargs, thinks)

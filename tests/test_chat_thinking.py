@@ -210,3 +210,89 @@ def test_prepare_without_the_new_settings_keeps_its_request(reference_tokenizer_
 def test_answer_after_thinking(text, expected):
     assert answer_after_thinking(text) == expected
     assert THINK_END == "</think>"
+
+
+# --- the chat head keeps every token the template wrote that the tokenizer does not add itself ---------------
+
+# Mistral-7B-Instruct-v0.1's way: the template writes the BOS its tokenizer also adds
+MISTRAL = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
+           "{% endif %}{% endfor %}")
+LLAMA_BOS = "{{ bos_token }}" + CHATML
+BOS_NAMED_IM_START = CHATML  # SmolLM2: its tokenizer names <|im_start|> the BOS but never adds it
+
+
+def _bpe(tmp_path, bos: str):
+    """The shipped tiny byte-level BPE (adds nothing by itself) with ChatML's tokens and `bos` as its BOS."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(Path(__file__).parents[1] / "checkpoints" / "tiny-gated")
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"], "bos_token": bos})
+    return tok
+
+
+@pytest.mark.parametrize("case", ["sentencepiece-adds-bos", "bpe-bos-is-im_start", "bpe-bos-written-not-added",
+                                  "qwen3-no-bos"])
+def test_the_prompt_is_the_tokens_the_template_renders(case, reference_tokenizer_dir, tmp_path):
+    """What every backend encodes (head + task + tail, with the tokenizer's own special tokens) is the ids
+    `apply_chat_template(tokenize=True)` gives: no token the template wrote is dropped, none is doubled. Where the
+    tokenizer adds the BOS the template writes, the prompt is the rendered text without it, and the tokenizer adds it
+    once (a SentencePiece tokenizer may then split the text just after the BOS differently, as it does any text's
+    first word)."""
+    if case == "sentencepiece-adds-bos":
+        tok = _with(load_tokenizer(reference_tokenizer_dir), MISTRAL)
+        tok.add_bos_token = True  # as Llama's and Mistral's own tokenizers do (the reference one, RULER's, does not)
+        assert tok("a").input_ids[0] == tok.bos_token_id
+    elif case == "bpe-bos-is-im_start":
+        tok = _with(_bpe(tmp_path, "<|im_start|>"), BOS_NAMED_IM_START)
+    elif case == "bpe-bos-written-not-added":
+        tok = _with(_bpe(tmp_path, "<s>"), LLAMA_BOS)
+    else:
+        tok = _with(load_tokenizer(reference_tokenizer_dir), QWEN3)
+    task = "The grass is green. What is the special magic number for fair-sleet?"
+    for system in (None, "You are a helpful assistant."):
+        t = model_template("chat", tok, system_prompt=system)
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": task}]
+        got = tok(t.head + task + t.tail).input_ids
+        if case == "sentencepiece-adds-bos":
+            rendered = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            assert rendered == tok.bos_token + t.head + task + t.tail
+            assert got[0] == tok.bos_token_id and got.count(tok.bos_token_id) == 1
+            continue
+        want = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=True)
+        assert got == want["input_ids"], (case, t.head)
+    if case == "bpe-bos-is-im_start":
+        assert t.head.startswith("<|im_start|>system\n")
+
+
+# --- the render limit counts the template's own work, not the machine's ------------------------------------
+
+
+class _SlowAround:
+    """A tokenizer whose `apply_chat_template` first does `seconds` of other Python work (what importing and
+    compiling under a trace hook on a busy machine amounted to), then renders."""
+
+    def __init__(self, tok, seconds: float):
+        self.tok, self.seconds = tok, seconds
+        self.chat_template, self.bos_token = tok.chat_template, tok.bos_token
+
+    def __call__(self, *args, **kwargs):
+        return self.tok(*args, **kwargs)
+
+    def apply_chat_template(self, *args, **kwargs):
+        import time
+
+        end = time.thread_time() + self.seconds
+        while time.thread_time() < end:
+            sum(range(100))
+        return self.tok.apply_chat_template(*args, **kwargs)
+
+
+def test_work_around_the_template_does_not_count_and_a_runaway_template_is_stopped(tok, monkeypatch):
+    from ruler_tasks import templates
+
+    monkeypatch.setattr(templates, "RENDER_LIMIT_S", 0.3)
+    slow = _SlowAround(_with(tok, CHATML), seconds=1.0)
+    assert model_template("chat", slow).head == "<|im_start|>user\n"
+    looping = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}" + CHATML
+    with pytest.raises(RulerInputError, match="within 0.3 s of CPU time"):
+        model_template("chat", _with(tok, looping))

@@ -17,8 +17,8 @@ from ruler_helpers import FIXTURE_DATA
 
 from longctx.checkpoint import prompt_tokenizer as pt
 from longctx.checkpoint.prompt_tokenizer import PromptTokenizer, source_key
-from longctx.checkpoint.tokenizer import special_tokens_added
 from longctx.core.hashing import tokenizer_fingerprint
+from longctx.core.special_tokens import special_tokens_added
 from longctx.eval.tasks import load_task_tokenizer
 from ruler_tasks.templates import model_template
 

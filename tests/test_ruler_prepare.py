@@ -133,16 +133,17 @@ def test_chat_template(reference_tokenizer_dir, tmp_path):
     r = prepare(tok_dir, [2048], tasks=["niah_single_1", "vt", "cwe"], samples=2, template="chat", out_dir=tmp_path / "o",
                 progress=False)
     rec = json.loads(r.files[0].read_text().splitlines()[0])
-    assert rec["input"].startswith("<|user|>\nA special magic number is hidden")
+    # the reference tokenizer adds no BOS itself, so the one the template writes stays in the prompt
+    assert rec["input"].startswith("<s><|user|>\nA special magic number is hidden")
     assert rec["input"].endswith("mentioned in the provided text?\n<|assistant|>\n")
     assert rec["answer_prefix"].startswith(" The special magic number for ")
     vt = json.loads(r.files[1].read_text().splitlines()[0])
     # upstream inserts the one-shot example (without wrapper) right after the wrapper head
-    assert vt["input"].startswith("<|user|>\nMemorize and track") and vt["input"].count("<|user|>") == 1
+    assert vt["input"].startswith("<s><|user|>\nMemorize and track") and vt["input"].count("<|user|>") == 1
     cwe = json.loads(r.files[2].read_text().splitlines()[0])
     assert cwe["input"].count("<|assistant|>") == 2  # the few-shot is a whole templated turn, as upstream
     m = json.loads((tmp_path / "o" / "manifest.json").read_text())
-    assert m["template"]["name"] == "chat" and m["template"]["head"] == "<|user|>\n"
+    assert m["template"]["name"] == "chat" and m["template"]["head"] == "<s><|user|>\n"
 
 
 @pytest.mark.slow

@@ -373,7 +373,7 @@ def test_bpe_bos_puts_its_bos_before_every_text(tmp_path):
     writes); without it the tokenizer adds nothing."""
     from transformers import AutoTokenizer
 
-    from longctx.checkpoint.tokenizer import special_tokens_added
+    from longctx.core.special_tokens import special_tokens_added
     from longctx.init.bpe import train_bpe_tokenizer
 
     corpus = take("backcopy", 20, length_tokens=256)

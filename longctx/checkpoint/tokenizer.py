@@ -104,19 +104,6 @@ def check_tokenizer_fits(tokenizer: Any, cfg: dict[str, Any], path: str | os.Pat
                          "use the tokenizer the model was trained with, or resize the embedding")
 
 
-def special_tokens_added(tokenizer: Any) -> int:
-    """How many tokens the tokenizer adds to a text by itself (a BOS, usually 0 or 1)."""
-    with_special = tokenizer("a").input_ids
-    without = tokenizer("a", add_special_tokens=False).input_ids
-    return max(0, len(with_special) - len(without))
-
-
-def leading_bos(tokenizer: Any) -> int | None:
-    """The BOS id the tokenizer puts before every text, or None when it adds none: what a prompt, a `sinks` window
-    and a `stream`-packed training sequence begin with."""
-    return tokenizer.bos_token_id if special_tokens_added(tokenizer) and tokenizer.bos_token_id is not None else None
-
-
 def write_reference_tokenizer(out: str | os.PathLike) -> Path:
     """Write the Mistral-7B v1 SentencePiece tokenizer (32k vocab) as a transformers fast tokenizer.
 

@@ -28,11 +28,11 @@ from longctx.checkpoint.describe import model_info, sliding_note
 from longctx.checkpoint.directory import checkpoint_dir, fingerprint, read_config, versions
 from longctx.checkpoint.rope import read_rope
 from longctx.checkpoint.rope_settings import check_context
-from longctx.checkpoint.tokenizer import special_tokens_added
 from longctx.core.errors import InputError, SettingError, ref
 from longctx.core.files import check_apart, json_object, write_json
 from longctx.core.hashing import hash_json, tokenizer_fingerprint
 from longctx.core.parse import loads
+from longctx.core.special_tokens import special_tokens_added
 from longctx.eval.backends import BackendContext, make_backend
 from longctx.eval.binding import SAMPLING, TASKS_DIR, StagedRun, check_run_dir, record_task_files, staged_run
 from longctx.eval.predictions import PredictionWriter, TaskLine, prompt_hash, read_predictions, read_task_lines

@@ -38,11 +38,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from longctx.checkpoint.tokenizer import leading_bos
 from longctx.core.errors import InputError
 from longctx.core.files import atomic_dir, write_json
 from longctx.core.hashing import hash_json
 from longctx.core.parse import loads
+from longctx.core.special_tokens import leading_bos
 from longctx.data import synthetic
 from longctx.data.sources import check_data_specs
 from longctx.extend.loss import IGNORE_INDEX

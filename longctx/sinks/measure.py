@@ -39,10 +39,11 @@ from longctx.checkpoint.directory import checkpoint_dir, fingerprint, read_confi
 from longctx.checkpoint.load import load_model, model_config
 from longctx.checkpoint.rope import read_rope
 from longctx.checkpoint.rope_settings import check_context
-from longctx.checkpoint.tokenizer import leading_bos, load_tokenizer
+from longctx.checkpoint.tokenizer import load_tokenizer
 from longctx.core.clock import utc_timestamp
 from longctx.core.errors import InputError, SettingError, ref
 from longctx.core.files import RULER_RUN_KIND, check_output, make_output, write_json
+from longctx.core.special_tokens import leading_bos
 from longctx.data.sources import iter_documents
 from longctx.data.synthetic import KINDS
 from longctx.sinks.attention import Collector, register_attention
