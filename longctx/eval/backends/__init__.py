@@ -60,7 +60,19 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 def dtype_setting() -> Any:
     """The `dtype` option, one field for every backend that loads weights itself (they share its flag)."""
-    return setting(None, Choice(DTYPES, "dtype"), "Weights dtype [default: auto, the checkpoint's].")
+    return setting(None, Choice(DTYPES, "dtype"), "Weights dtype [default: auto, the checkpoint's: what its config "
+                                                  "says, float32 when it says none].")
+
+
+def run_dtype(option: str | None, checkpoint: str | os.PathLike, trust_remote_code: bool = False) -> str:
+    """The dtype a backend runs `checkpoint` in for the `dtype` option: the option, or for `auto` (and none) the
+    checkpoint's own, as its config says (float32 when it names none). Every backend resolves `auto` here, so
+    it means the same everywhere: vLLM's own `auto` would run a float32 checkpoint in bfloat16
+    (vllm/config/model.py `_get_and_verify_dtype`)."""
+    if option not in (None, "auto"):
+        return option
+    config = model_config(checkpoint, trust_remote_code=trust_remote_code)
+    return str(getattr(config, "dtype", None) or "float32").removeprefix("torch.")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from longctx.checkpoint.tokenizer import load_tokenizer
 from longctx.core.errors import InputError
 from longctx.core.kinds import Text
 from longctx.core.settings import setting
-from longctx.eval.backends import Backend, BackendContext, BackendOptions, device_info, dtype_setting
+from longctx.eval.backends import Backend, BackendContext, BackendOptions, device_info, dtype_setting, run_dtype
 from longctx.eval.request import OnResult, Request
 
 
@@ -49,7 +49,8 @@ class HfBackend(Backend):
 
     @classmethod
     def create(cls, options: HfOptions, context: BackendContext) -> HfBackend:
-        return cls(context.checkpoint_dir, context.max_model_len, dtype=options.dtype or "auto",
+        return cls(context.checkpoint_dir, context.max_model_len,
+                   dtype=run_dtype(options.dtype, context.checkpoint_dir, context.trust_remote_code),
                    device=options.device, seed=context.seed, trust_remote_code=context.trust_remote_code,
                    tokenizer=context.tokenizer)
 
@@ -58,15 +59,10 @@ class HfBackend(Backend):
                 **({"trust_remote_code": True} if self.trust_remote_code else {})}
 
     def binding(self) -> dict[str, Any]:
-        """The options that can change a prediction: the dtype ("auto": the checkpoint's, which transformers
-        loads; float32 when it names none) and the device it runs on."""
+        """The options that can change a prediction: the dtype (`run_dtype`) and the device it runs on."""
         import torch
 
-
-        dtype = self.dtype
-        if dtype == "auto":
-            config = model_config(self.checkpoint, trust_remote_code=self.trust_remote_code)
-            dtype = str(getattr(config, "dtype", None) or "float32").removeprefix("torch.")
+        dtype = run_dtype(self.dtype, self.checkpoint, self.trust_remote_code)
         return {"dtype": dtype, "device": self.device or ("cuda" if torch.cuda.is_available() else "cpu")}
 
     def close(self) -> None:

@@ -20,7 +20,7 @@ from longctx.core.files import cache_dir
 from longctx.core.kinds import Bool, Count, Float, Int, Overrides
 from longctx.core.processes import children_bound
 from longctx.core.settings import setting
-from longctx.eval.backends import Backend, BackendContext, BackendOptions, device_info, dtype_setting
+from longctx.eval.backends import Backend, BackendContext, BackendOptions, device_info, dtype_setting, run_dtype
 from longctx.eval.engine_args import binding_args, typed_engine_args
 from longctx.eval.request import OnResult, Request
 from longctx.eval.vllm_engine import (
@@ -111,7 +111,10 @@ class VllmBackend(Backend):
         # the engine seed stays 0 (greedy decoding; recorded as such): the task seed is not the engine's
         return cls(context.checkpoint_dir, context.max_model_len,
                    tensor_parallel_size=options.tensor_parallel_size or 1,
-                   data_parallel_size=options.data_parallel_size or 1, dtype=options.dtype or "auto",
+                   data_parallel_size=options.data_parallel_size or 1,
+                   dtype=options.dtype if context.engine is not None else run_dtype(options.dtype,
+                                                                                    context.checkpoint_dir,
+                                                                                    context.trust_remote_code),
                    gpu_memory_utilization=options.gpu_memory_utilization, kv_cache_memory=options.kv_cache_memory,
                    enforce_eager=options.enforce_eager, llm=context.engine, log_dir=context.run_dir,
                    trust_remote_code=context.trust_remote_code, engine_args=options.typed_engine_args())
