@@ -170,6 +170,39 @@ def test_hf_run_resumes_without_loss_or_duplicates(ruler_checkpoint, tmp_path):
     assert load_results(out)["lengths"] == [2048] and rep.results["samples"]["vt"][2048] == 3
 
 
+@pytest.mark.slow
+def test_scores_and_results_cover_every_length_and_task_the_run_directory_holds(ruler_checkpoint, tmp_path):
+    out = tmp_path / "run"
+    notes: list[str] = []
+
+    def call(lengths, tasks):
+        s = RulerRunSettings(checkpoint=str(ruler_checkpoint), lengths=lengths, output=str(out), tasks=tasks,
+                             samples=2, backend="hf")
+        r = run_settings(s, progress=False, log=notes.append)
+        return r, json.loads((out / "scores.json").read_text()), write_report(out).results
+
+    call([1024], "niah_single_1")
+    r, scores, results = call([2048], "niah_single_1")  # a later call with other lengths keeps the earlier ones
+    assert (r.new_predictions, r.reused_predictions) == (2, 0)
+    assert scores["lengths"] == results["lengths"] == [1024, 2048]
+    assert {(x["task"], x["length"]) for x in scores["scores"]} == {("niah_single_1", 1024), ("niah_single_1", 2048)}
+    assert set(scores["timings"]["per_length"]) == {"2048"}  # what this call predicted
+    r, scores, results = call([2048], "vt")  # and other tasks
+    assert scores["tasks"] == ["vt", "niah_single_1"] and scores["lengths"] == [1024, 2048]  # this call's first
+    assert {(x["task"], x["length"]) for x in scores["scores"]} == {("niah_single_1", 1024), ("niah_single_1", 2048),
+                                                                    ("vt", 2048)}
+    assert results["samples"]["vt"][2048] == 2
+    # an earlier call's part-predicted (length, task) is named and left out, never scored on what it has
+    pred = out / "pred" / "1024" / "niah_single_1.jsonl"
+    pred.write_text(pred.read_text().splitlines(keepends=True)[0])
+    notes.clear()
+    _, scores, _ = call([2048], "vt")
+    assert scores["lengths"] == [2048] and ("niah_single_1", 1024) not in {(x["task"], x["length"])
+                                                                            for x in scores["scores"]}
+    assert any(n.startswith("note: not scored, predicted in part by an earlier call: niah_single_1 at 1024 (1 of 2)")
+               for n in notes), notes
+
+
 def wait_for_a_prediction(proc: subprocess.Popen, pred: Path) -> None:
     deadline = time.time() + 300
     while not (pred.is_file() and pred.read_text().count("\n") >= 1) and time.time() < deadline:

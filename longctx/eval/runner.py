@@ -17,6 +17,7 @@ hash is predicted again (`longctx.eval.predictions`); the run directory is trust
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -97,7 +98,8 @@ def _predict(bk, out: Path, *, lengths, specs, done, pending: int, progress: boo
              think_tokens: int | None) -> tuple[int, dict[int, dict[str, Any]]]:
     """Generate every missing prediction, written as it arrives; returns how many were made and, per length
     that made some, its wall time (from its first request handed to the backend to its last answer), prompt
-    tokens and prompt tokens/s. Lengths are fed in order, but an engine may overlap their spans.
+    tokens and prompt tokens/s. Lengths are fed in order, but an engine batches across them: where their spans
+    overlap, a length's tokens/s would count the others' work, so it is left out (None) for every length.
 
     With `think_tokens` (a thinking model), `pred` is the answer after the thought, `raw` the whole output."""
     writer = PredictionWriter()
@@ -143,9 +145,12 @@ def _predict(bk, out: Path, *, lengths, specs, done, pending: int, progress: boo
         bk.close()
         if bar is not None:
             bar.close()
+    spans = sorted((first[L], first[L] + stats["wall_s"]) for L, stats in per_length.items())
+    apart = all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans))
     for stats in per_length.values():
         stats["wall_s"] = round(stats["wall_s"], 3)
-        stats["prompt_tokens_per_s"] = round(stats["prompt_tokens"] / stats["wall_s"], 1) if stats["wall_s"] else None
+        stats["prompt_tokens_per_s"] = (round(stats["prompt_tokens"] / stats["wall_s"], 1)
+                                        if stats["wall_s"] and apart else None)
     return count, per_length
 
 
@@ -175,6 +180,30 @@ def _predicted(out: Path, task_lines: dict[tuple[int, str], list[TaskLine]],
         say(f"note: {sum(stale.values())} prediction(s) were not made from their task line's prompt (prompt_sha256 "
             f"differs or is missing: {', '.join(f'{k}: {n}' for k, n in stale.items())}); they are predicted again")
     return done
+
+
+def _held(out: Path, run: dict[str, Any], task_lines: dict[tuple[int, str], list[TaskLine]],
+          say: Callable[[str], None]) -> dict[tuple[int, str], list[TaskLine]]:
+    """Every (length, task) the run directory holds whole: this call's, and those an earlier call with other
+    `--lengths` or `--tasks` predicted in it (run.json records their task files), so that scores and results cover
+    every length the directory holds. One an earlier call left part-predicted is left out, and one line says so."""
+    held = dict(task_lines)
+    partial = []
+    for rel, sha in run["files"].items():
+        length, _, name = rel.partition("/")
+        key = (int(length), name.removesuffix(".jsonl"))
+        if key in held or not (out / TASKS_DIR / rel).is_file():
+            continue
+        lines = read_task_lines(out / TASKS_DIR / rel, sha)
+        made = read_predictions(out / "pred" / rel, [t.prompt_sha256 for t in lines])
+        if len(made) == len(lines):
+            held[key] = lines
+        else:
+            partial.append(f"{key[1]} at {key[0]} ({len(made)} of {len(lines)})")
+    if partial:
+        say(f"note: not scored, predicted in part by an earlier call: {', '.join(partial)}; rerun with their "
+            f"{ref('lengths')} and {ref('tasks')} to finish them")
+    return dict(sorted(held.items()))
 
 
 def _score(out: Path, specs, task_lines: dict[tuple[int, str], list[TaskLine]]) -> list[dict[str, Any]]:
@@ -401,7 +430,11 @@ def _predict_and_score(s: RulerRunSettings, r: _OpenRun, progress: bool,
     ran = bk.ran or (before.get("ran") if isinstance(before, dict) else None)
 
     t0 = time.perf_counter()
-    rows = _score(out, specs, task_lines)
+    held = _held(out, r.run, task_lines, say)
+    names = {task for _, task in held}
+    # this call's tasks in its order, then those earlier calls left, in RULER's
+    scored = [*specs, *[t for t in resolve_tasks(None) if t.name in names and t not in specs]]
+    rows = _score(out, scored, held)
     t_score = time.perf_counter() - t0
     unfinished = sum(row.get("unfinished_thinking", 0) for row in rows)
     if unfinished:
@@ -411,24 +444,27 @@ def _predict_and_score(s: RulerRunSettings, r: _OpenRun, progress: bool,
     timings = {"prepare_s": round(r.t_prep, 3),
                **({"backend_start_s": round(r.t_start, 3)} if r.t_start is not None else {}),
                "generate_s": round(t_gen, 3), "score_s": round(t_score, 3),
+               "prompt_tokens_per_s": (round(sum(v["prompt_tokens"] for v in per_length.values()) / t_gen, 1)
+                                       if count and t_gen else None),
                "total_s": round(time.perf_counter() - t_start, 3), "new_predictions": count,
                "reused_predictions": reused, "per_length": {str(L): v for L, v in per_length.items()}}
-    write_json(out / "scores.json", _scores(s, r, rows, ran, timings))
+    write_json(out / "scores.json", _scores(s, r, rows, ran, timings, held, scored))
     return RunOutcome(out, lengths, [t.name for t in specs], r.max_model_len, count, reused, timings,
                       out / "scores.json")
 
 
-def _scores(s: RulerRunSettings, r: _OpenRun, rows: list[dict[str, Any]], ran: Any,
-            timings: dict[str, Any]) -> dict[str, Any]:
-    """The content of scores.json."""
+def _scores(s: RulerRunSettings, r: _OpenRun, rows: list[dict[str, Any]], ran: Any, timings: dict[str, Any],
+            held: dict[tuple[int, str], list[TaskLine]], specs) -> dict[str, Any]:
+    """The content of scores.json: every (length, task) the run directory holds whole (`held`)."""
+    rels = [f"{length}/{task}.jsonl" for length, task in held]
     task_set = hash_json({**{k: r.binding[k] for k in ("tokenizer", "seed", "samples", "template")},
-                          "files": {rel: r.run["files"][rel] for rel in r.files}})
+                          "files": {rel: r.run["files"][rel] for rel in rels}})
     sampling = SAMPLING if not s.think_tokens else {
         **SAMPLING, "think_tokens": s.think_tokens, "max_tokens": "tokens_to_generate of each task + think_tokens",
         "answer": f"the text after the last {THINK_END} (an unfinished thought answers nothing)"}
     return {"format": SCORES_FORMAT, "model": r.run["model"], "backend": {**r.run["backend"], "ran": ran},
             "sampling": sampling, "template": r.template,
-            "upstream": f"NVIDIA/RULER@{UPSTREAM_COMMIT}", "task_set": task_set, "lengths": r.lengths,
-            "tasks": [t.name for t in r.specs], "scores": rows,
+            "upstream": f"NVIDIA/RULER@{UPSTREAM_COMMIT}", "task_set": task_set,
+            "lengths": sorted({length for length, _ in held}), "tasks": [t.name for t in specs], "scores": rows,
             "seeds": {"tasks": s.seed, "engine": 0}, "versions": versions(),
-            "task_versions": {t.name: t.version for t in r.specs}, "timings": timings}
+            "task_versions": {t.name: t.version for t in specs}, "timings": timings}
