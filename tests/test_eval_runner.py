@@ -181,7 +181,10 @@ def test_scores_and_results_cover_every_length_and_task_the_run_directory_holds(
         r = run_settings(s, progress=False, log=notes.append)
         return r, json.loads((out / "scores.json").read_text()), write_report(out).results
 
-    call([1024], "niah_single_1")
+    first, scores, _ = call([1024], "niah_single_1")
+    assert "backend_start_s" in scores["timings"]  # the model loaded while the task files were written
+    again, scores, _ = call([1024], "niah_single_1")  # nothing left to predict: no model is loaded
+    assert (again.new_predictions, again.reused_predictions) == (0, 2) and "backend_start_s" not in scores["timings"]
     r, scores, results = call([2048], "niah_single_1")  # a later call with other lengths keeps the earlier ones
     assert (r.new_predictions, r.reused_predictions) == (2, 0)
     assert scores["lengths"] == results["lengths"] == [1024, 2048]

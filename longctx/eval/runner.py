@@ -182,6 +182,24 @@ def _predicted(out: Path, task_lines: dict[tuple[int, str], list[TaskLine]],
     return done
 
 
+def _all_predicted(out: Path, run: dict[str, Any], lengths: list[int], specs) -> bool:
+    """Whether the run directory already holds, for every asked (length, task), the task file run.json records
+    and a prediction from each of its lines' prompts (the task files written again are then checked to be the
+    same ones, `record_task_files`)."""
+    for length in lengths:
+        for spec in specs:
+            rel = f"{length}/{spec.name}.jsonl"
+            if rel not in run["files"] or not (out / TASKS_DIR / rel).is_file():
+                return False
+            try:
+                lines = read_task_lines(out / TASKS_DIR / rel, run["files"][rel])
+            except InputError:
+                return False
+            if len(read_predictions(out / "pred" / rel, [t.prompt_sha256 for t in lines])) != len(lines):
+                return False
+    return True
+
+
 def _held(out: Path, run: dict[str, Any], task_lines: dict[tuple[int, str], list[TaskLine]],
           say: Callable[[str], None]) -> dict[tuple[int, str], list[TaskLine]]:
     """Every (length, task) the run directory holds whole: this call's, and those an earlier call with other
@@ -331,6 +349,8 @@ def _stage_run(s: RulerRunSettings, ckpt: Path, *, fp: str, tok, specs, bk, room
                "chat_template_kwargs": s.chat_template_kwargs, "think_tokens": s.think_tokens,
                "backend": s.backend, "sampling": SAMPLING, "engine": bk.binding()}
     run = check_run_dir(out, binding)
+    # a rerun whose every prediction is made starts no engine: nothing would be asked of it
+    overlap = overlap and not _all_predicted(out, run, lengths, specs)
     with staged_run(out) as stage:
         made = _tasks_and_start(s, tok, specs, stage, bk, progress=progress, overlap=overlap)
         manifest = made.manifest
