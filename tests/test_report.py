@@ -65,7 +65,7 @@ def test_write_report_files_and_tables(tmp_path):
     md = (d / "results.md").read_text()
     assert "| Models | Claimed Length | Effective Length | 4K | 8K | Avg. | wAvg. (inc) | wAvg. (dec) |" in md
     assert "| tiny | 32K | 4K | 95.00 | 70.00 | 82.50 | 78.33 | 86.67 |" in md
-    assert "| nulls |  | 2/20 | 2/20 |" in md
+    assert "| empty predictions |  | 2 of 20 | 2 of 20 |" in md
     assert (d / "results.csv").read_text().splitlines() == [
         "task,metric,4096,8192", "niah_single_1,string_match_all,100.0,80.0", "vt,string_match_all,90.0,60.0",
         "mean,,95.0,70.0"]

@@ -65,7 +65,8 @@ def summary_markdown(runs: list[Results], intervals: bool = False) -> str:
 
 
 def task_markdown(r: Results, intervals: bool = False) -> str:
-    """One row per task (its metric, a score per length), then the per-length mean; nulls when any. With
+    """One row per task (its metric, a score per length), then the per-length mean; then, when any prediction
+    is empty (a model that ends its answer at once: RULER's "nulls"), how many of the samples were. With
     `intervals`, scores as `score ± half-width` where the run has intervals."""
     lengths = r["lengths"]
     head = ["Task", "Metric", *map(length_label, lengths)]
@@ -78,7 +79,7 @@ def task_markdown(r: Results, intervals: bool = False) -> str:
     null_cells = [sum(r["nulls"][t].get(L) or 0 for t in r["tasks"]) for L in lengths]
     if any(null_cells):
         totals = [sum(r["samples"][t].get(L) or 0 for t in r["tasks"]) for L in lengths]
-        lines.append(markdown_row(["nulls", "", *[f"{n}/{m}" for n, m in zip(null_cells, totals)]]))
+        lines.append(markdown_row(["empty predictions", "", *[f"{n} of {m}" for n, m in zip(null_cells, totals)]]))
     return "\n".join(lines)
 
 
