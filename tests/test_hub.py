@@ -92,7 +92,7 @@ def test_sinks_results_name_the_hub_model(hub, tmp_path):
     r = run("sinks", "org/multi/1B_baseline", "--tokens", "256", "-o", tmp_path / "s")
     assert r.exit_code == 0, r.output
     model = json.loads((tmp_path / "s" / "sinks.json").read_text())["model"]
-    assert model["name"] == "1B_baseline"
+    assert model["name"] == "org/multi/1B_baseline"  # the Hub id, as the user named it
     assert model["hub"] == {"repo_id": "org/multi", "commit": COMMIT, "subfolder": "1B_baseline"}
 
 
@@ -150,7 +150,13 @@ def test_ruler_results_record_the_hub_commit(hub, tmp_path, tiny_checkpoint):
     for name in ("run.json", "results.json"):
         model = json.loads((tmp_path / "run" / name).read_text())["model"]
         assert model["hub"] == {"repo_id": "org/long", "commit": COMMIT, "subfolder": None}, name
-        assert model["name"] == "long"
+        assert model["name"] == "org/long"
+    # a name given is the name
+    r = run("ruler", "org/long", "--lengths", "1k", "--tasks", "vt", "--samples", "1", "--backend", "hf",
+            "--no-plot", "--name", "Long 1k", "-o", tmp_path / "run")
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["model"]["name"] == "Long 1k"
+    assert "| Long 1k |" in (tmp_path / "run" / "results.md").read_text()
 
 
 @pytest.mark.slow

@@ -50,15 +50,17 @@ class ModelInfo(TypedDict, total=False):
     remote_code: dict | None  # the auto_map of a checkpoint whose own code built it (--trust-remote-code)
 
 
-def model_info(path: str | os.PathLike, fp: str | None = None, trust_remote_code: bool = False) -> ModelInfo:
-    """The ModelInfo of checkpoint `path` (`fp`: its fingerprint when already known)."""
+def model_info(path: str | os.PathLike, fp: str | None = None, trust_remote_code: bool = False,
+               name: str | None = None) -> ModelInfo:
+    """The ModelInfo of checkpoint `path` (`fp`: its fingerprint when already known), named `name` in tables
+    [default: `model_name`]."""
     ckpt = checkpoint_dir(path)
     cfg = read_config(ckpt)
     rope = read_rope(cfg)
     prov = read_provenance(ckpt)
     parent = prov.get("source_fingerprint") if prov.get("verb") == "yarn" else None
     hub = hub_origin(ckpt)
-    return ModelInfo(checkpoint=str(ckpt.resolve()), name=checkpoint_name(ckpt), fingerprint=fp or fingerprint(ckpt),
+    return ModelInfo(checkpoint=str(ckpt.resolve()), name=name or model_name(ckpt), fingerprint=fp or fingerprint(ckpt),
                      architecture=(cfg.get("architectures") or [None])[0],
                      attention=attention_label(attention_variant(cfg)), rope_type=rope.rope_type,
                      yarn_factor=rope.factor if rope.rope_type == "yarn" else None,
@@ -94,9 +96,18 @@ def sliding_note(name: str, window: dict | None, lengths: list[int]) -> str | No
             "full attention over the whole sequence")
 
 
+def model_name(ckpt: Path) -> str:
+    """What tables call a checkpoint unless told otherwise (`--name`): the Hub id of a Hub snapshot
+    (org/name[/subfolder], not the commit), else its folder's name."""
+    hub = hub_origin(ckpt)
+    if hub is None:
+        return ckpt.resolve().name
+    return "/".join(part for part in (hub["repo_id"], hub["subfolder"]) if part)
+
+
 def checkpoint_name(ckpt: Path) -> str:
-    """What tables call a checkpoint: its folder name; for a Hub snapshot the repo's (or subfolder's) name,
-    not the commit."""
+    """A name for folders made from a checkpoint (`yarn`'s default output): its folder name; for a Hub snapshot
+    the repo's (or subfolder's) name, not the commit."""
     hub = hub_origin(ckpt)
     if hub is None:
         return ckpt.resolve().name

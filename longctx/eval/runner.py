@@ -357,7 +357,7 @@ def _stage_run(s: RulerRunSettings, ckpt: Path, *, fp: str, tok, specs, bk, room
         files = {f"{L}/{t.name}.jsonl": manifest["files"][f"{L}/{t.name}.jsonl"] for L in lengths for t in specs}
         record_task_files(out, run, files)
         _check_engine_room(stage.tasks, lengths, specs, extra, max_model_len, why)
-        run["model"] = model_info(ckpt, fp, s.trust_remote_code)
+        run["model"] = model_info(ckpt, fp, s.trust_remote_code, name=s.name)
         run["backend"] = bk.settings()
         staging = stage.root
         stage.commit(run)

@@ -87,6 +87,8 @@ class _RulerRun(RulerTaskSettings):
                            "vllm (offline engine), openai (an OpenAI-compatible server) or hf (transformers)" + (
                                "; or one a package adds: " + ", ".join(list(registry())[len(BUILTIN_BACKENDS):])
                                if len(registry()) > len(BUILTIN_BACKENDS) else "") + ".")
+    name: str | None = setting(None, Text(), "The model's name in tables [default: its Hub id, or its folder's name; "
+                                             "in a recipe, the run's].", recipe=False)
     think_tokens: int | None = setting(None, Int(minimum=0),
                                        "chat: thinking budget, added to each task's generation budget; the answer "
                                        "scored is the text after the last </think> (needed when the chat "

@@ -152,7 +152,8 @@ def measure_sinks(s: SinksSettings, progress: bool = True, log: Callable[[str], 
                 "chunk": s.chunk, "dtype": model_dtype, "device": device, **collector.attention_settings()}
     timings = {"load_s": round(t_loaded - t0, 3), "forward_s": round(t_done - t_loaded, 3),
                "total_s": round(t_done - t0, 3), "tokens_per_s": round(n_windows * length / (t_done - t_loaded), 1)}
-    results = _results(model_info(ckpt, fp, s.trust_remote_code), settings, collector, stats, loss, timings)
+    results = _results(model_info(ckpt, fp, s.trust_remote_code, name=s.name), settings, collector, stats, loss,
+                       timings)
     out = Path(s.output)
     make_output(out, SINKS_KIND)
     write_json(out / SINKS_FILE, results)

@@ -37,6 +37,8 @@ class SinksSettings(Settings):
     device: str | None = setting(None, Text(), "cpu, cuda, cuda:1, ... [default: cuda when available].")
     seed: int = setting(0, Int(), "Seed of synthetic data.")
     plot: bool = setting(True, Bool(), "Write sinks.png (needs longctx[plot]).", flag="--plot/--no-plot")
+    name: str | None = setting(None, Text(), "The model's name in tables [default: its Hub id, or its folder's name; "
+                                             "in a recipe, the run's].", recipe=False)
 
     def check(self) -> None:
         if self.length is not None and self.length < 2:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,5 +74,5 @@ class RulerStage(EvaluationStage):
 
         for job in step.jobs:
             ctx.log(f"ruler {Path(job.output).name}")
-            run_ruler(job, log=ctx.log)
+            run_ruler(dataclasses.replace(job, name=job.name or Path(job.output).name), log=ctx.log)
             ctx.log(write_report(job.output, plot=job.plot, intervals=job.intervals).markdown.split("\n\n")[0])

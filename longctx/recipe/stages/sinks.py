@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,7 @@ class SinksStage(EvaluationStage):
 
         ruler_dir = step.dir.parent / self.beside
         for job in step.jobs:
-            outcome = measure_sinks(job, log=ctx.log)
+            outcome = measure_sinks(dataclasses.replace(job, name=job.name or Path(job.output).name), log=ctx.log)
             ctx.log(write_sinks_report(job.output, plot=job.plot).markdown.split("\n\n")[0])
             run_dir = ruler_dir / Path(job.output).name
             if (run_dir / "results.json").is_file():
