@@ -192,12 +192,18 @@ def _all_predicted(out: Path, run: dict[str, Any], lengths: list[int], specs) ->
             if rel not in run["files"] or not (out / TASKS_DIR / rel).is_file():
                 return False
             try:
-                lines = read_task_lines(out / TASKS_DIR / rel, run["files"][rel])
+                lines, made = _recorded(out, rel, run["files"][rel])
             except InputError:
                 return False
-            if len(read_predictions(out / "pred" / rel, [t.prompt_sha256 for t in lines])) != len(lines):
+            if made != len(lines):
                 return False
     return True
+
+
+def _recorded(out: Path, rel: str, sha256: str) -> tuple[list[TaskLine], int]:
+    """The lines of the recorded task file `rel`, and how many of them have a prediction from their prompt."""
+    lines = read_task_lines(out / TASKS_DIR / rel, sha256)
+    return lines, len(read_predictions(out / "pred" / rel, [t.prompt_sha256 for t in lines]))
 
 
 def _held(out: Path, run: dict[str, Any], task_lines: dict[tuple[int, str], list[TaskLine]],
@@ -212,12 +218,11 @@ def _held(out: Path, run: dict[str, Any], task_lines: dict[tuple[int, str], list
         key = (int(length), name.removesuffix(".jsonl"))
         if key in held or not (out / TASKS_DIR / rel).is_file():
             continue
-        lines = read_task_lines(out / TASKS_DIR / rel, sha)
-        made = read_predictions(out / "pred" / rel, [t.prompt_sha256 for t in lines])
-        if len(made) == len(lines):
+        lines, made = _recorded(out, rel, sha)
+        if made == len(lines):
             held[key] = lines
         else:
-            partial.append(f"{key[1]} at {key[0]} ({len(made)} of {len(lines)})")
+            partial.append(f"{key[1]} at {key[0]} ({made} of {len(lines)})")
     if partial:
         say(f"note: not scored, predicted in part by an earlier call: {', '.join(partial)}; rerun with their "
             f"{ref('lengths')} and {ref('tasks')} to finish them")
