@@ -142,6 +142,8 @@ def fetch(out: Path, given: Path | None) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.error = lambda message: sys.exit(print(f"fetch_reference: {message} (--help lists the options)",
+                                              file=sys.stderr) or 2)  # one line, not usage
     ap.add_argument("--out", default=str(ROOT / "reference"), help="output folder [default: %(default)s]")
     ap.add_argument("--wheels", help="a folder holding the two wheels (no download)")
     args = ap.parse_args(argv)
@@ -150,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.wheels and not Path(args.wheels).is_dir():
             raise Refusal(f"--wheels {args.wheels} is not a folder")
+        if Path(args.out).exists() and not Path(args.out).is_dir():
+            raise Refusal(f"--out {args.out} is not a folder")
         fetch(Path(args.out), Path(args.wheels) if args.wheels else None)
     except (Refusal, InputError) as e:
         print(f"fetch_reference: {e}", file=sys.stderr)

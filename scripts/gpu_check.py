@@ -538,6 +538,7 @@ def _refuse(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.error = lambda message: sys.exit(_refuse(f"{message} (--help lists the options)"))  # one line, not usage
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (the CPU smoke mode CI runs)")
     ap.add_argument("--parts", help="comma-separated part names [default: all]")
     ap.add_argument("--json", default="gpu-check.json", help="where the report is written [default: %(default)s]")
@@ -570,6 +571,8 @@ def main(argv: list[str] | None = None) -> int:
             return _refuse(f"{option}: no part {', '.join(unknown)}; the parts are {', '.join(every)}")
     if args.work_dir and Path(args.work_dir).exists() and not Path(args.work_dir).is_dir():
         return _refuse(f"--work-dir {args.work_dir} is not a folder")
+    if not Path(args.json).resolve().parent.is_dir():  # found now, not after minutes of parts
+        return _refuse(f"--json {args.json}: its folder does not exist")
 
     made = not (args.work_dir and Path(args.work_dir).exists())
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="longctx-gpu-check-"))

