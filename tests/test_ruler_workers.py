@@ -74,10 +74,16 @@ def _alive(pid: int) -> bool:
     return fields[0] not in ("Z", "X")
 
 
+# Samples per task of the stopped calls: after the first file is written, the other twelve must take long enough
+# (about 9 s on 2 idle cores; 3 s with 40 samples, which a loaded CI machine finished before its signal landed)
+# for the signal to land part way.
+STOPPED_SAMPLES = 120
+
+
 def _prepare_cli(tok: Path, out: Path, cache: Path) -> subprocess.Popen:
     env = {**user_environment(), "LONGCTX_CACHE_DIR": str(cache), "TQDM_DISABLE": "1"}
     return subprocess.Popen([sys.executable, "-m", "longctx", "ruler", "prepare", "--tokenizer", str(tok),
-                             "--lengths", "32k", "--tasks", ",".join(TASK_NAMES), "--samples", "40",
+                             "--lengths", "32k", "--tasks", ",".join(TASK_NAMES), "--samples", str(STOPPED_SAMPLES),
                              "--workers", "2", "--data-dir", str(FIXTURE_DATA), "-o", str(out)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -92,7 +98,7 @@ def _complete(out: Path) -> None:
         if rel in files:
             assert hashlib.sha256(path.read_bytes()).hexdigest() == files[rel]["sha256"], rel
         else:
-            assert len([json.loads(x)["input"] for x in path.read_text().splitlines()]) == 40, rel
+            assert len([json.loads(x)["input"] for x in path.read_text().splitlines()]) == STOPPED_SAMPLES, rel
 
 
 @pytest.fixture(scope="module")
