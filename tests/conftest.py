@@ -98,7 +98,11 @@ def user_environment() -> dict[str, str]:
 def vllm_engines():
     import os
 
+    from longctx.eval.backends.vllm import cpu_engine_environment
+
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default sizing fails on these machines
+    for key, value in cpu_engine_environment({}).items():  # as `longctx ruler` starts its engine
+        os.environ.setdefault(key, value)
     # The engine core in this process instead of a spawned one: the same model code and scheduler, started in
     # ~5 s instead of ~35 s on 2 cores (a spawned process imports torch and vLLM again). `longctx ruler` itself
     # keeps vLLM's default, which the tests that start `vllm serve` or `longctx run` as a user does get back

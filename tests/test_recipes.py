@@ -195,6 +195,26 @@ SMALL = {"models": TINY, "yarn": {"factor": 4}, "ruler": {"lengths": "1k", "task
      "ruler.chat_template_kwargs must be a JSON object"),
     ({"models": TINY, "yarn": {"factor": 4}, "ruler": {"lengths": "1k", "tasks": "vt", "think_tokens": 512}},
      "ruler.think_tokens is for thinking chat models; add ruler.template chat"),
+    # a model's own keys: `skip` and a stage's section (docs/run.md, "A model that differs from the rest")
+    ({**SMALL, "models": {"baseline": {**TINY["baseline"], "skip": ["yran"]}}},
+     "models.baseline.skip names 'yran', not a stage of this recipe (choose from yarn, ruler); did you mean 'yarn'?"),
+    ({**SMALL, "models": {"baseline": {**TINY["baseline"], "skip": "yarn"}}},
+     "models.baseline.skip must be a list of stage names, got 'yarn'"),
+    ({**SMALL, "models": {"baseline": {**TINY["baseline"], "rulr": {"samples": 2}}}},
+     "unknown key 'models.baseline.rulr'; did you mean 'ruler'?"),
+    ({**SMALL, "models": {"baseline": {**TINY["baseline"], "ruler": {"samples": "many"}}}},
+     "models.baseline.ruler.samples is invalid: 'many' is not a valid integer"),
+    ({**SMALL, "models": {"baseline": {**TINY["baseline"], "skip": ["yarn"], "yarn": {"factor": 2}}}},
+     "models.baseline both skips yarn and sets its keys; keep one"),
+    ({**SMALL, "ruler": {**SMALL["ruler"], "checkpoints": ["yarn"]},
+      "models": {"baseline": {**TINY["baseline"], "skip": ["yarn"]}}},
+     "models.baseline.skip leaves ruler nothing to evaluate (ruler.checkpoints: yarn); set "
+     "models.baseline.ruler.checkpoints"),
+    ({**SMALL, "models": {"baseline": {**TINY["baseline"], "ruler": {"checkpoints": ["extend"]}}}},
+     "models.baseline.ruler.checkpoints names 'extend', not a checkpoint baseline goes through (choose from model, "
+     "yarn)"),
+    ({**SMALL, "models": {"baseline": {**TINY["baseline"], "ruler": {"lengths": "32k"}}}},
+     "ruler.lengths go up to 32768 but yarn.factor 4 on the 4096-token trained length reaches 16384"),
 ])
 def test_bad_recipe_is_one_line_exit_2(doc, message, tmp_path):
     recipe = write(tmp_path / "bad.yaml", doc)
@@ -355,3 +375,42 @@ def test_recipe_engine_args_and_chat_settings_are_typed_like_the_command_line(tm
                            engine_args=["max_num_seqs=16", "enable_prefix_caching=false",
                                         'hf_overrides={"rope_theta": 10000}'])
     assert cli.backend_options().typed_engine_args() == typed
+
+
+def test_a_model_may_skip_stages_and_set_its_own_keys(tmp_path):
+    """`models.<name>.skip` and `models.<name>.<stage>`: one model is YaRN-scaled as it is, the other extended first;
+    each evaluation runs once, with the model's own keys where it has them, and the rest is the recipe's."""
+    from longctx.recipe.plan import plan
+
+    tiny = {"init": {"preset": "tiny", "attention": "baseline"}}
+    recipe = write(tmp_path / "r.yaml", {
+        "models": {"plain": {**tiny, "skip": ["extend"]},
+                   "extended": {**tiny, "ruler": {"checkpoints": ["yarn"], "samples": 2}}},
+        "extend": {"rope_base": "1e6", "seq_len": "2k", "data": ["synthetic:mixed"], "steps": 2},
+        "yarn": {"factor": 2},
+        "ruler": {"lengths": "1k,4k", "tasks": "vt", "samples": 1, "backend": "hf", "checkpoints": ["model", "yarn"]},
+        "sinks": {"tokens": 1024, "length": "1k", "checkpoints": ["extend", "yarn"]},
+        "compare": {"baseline": "plain"}})
+    steps = {(s.model, s.stage): s for s in plan(load_recipe(recipe), tmp_path / "out")}
+    assert list(steps) == [("plain", "init"), ("plain", "yarn"), ("plain", "ruler"), ("plain", "sinks"),
+                           ("extended", "init"), ("extended", "extend"), ("extended", "yarn"),
+                           ("extended", "ruler"), ("extended", "sinks"), (None, "compare")]
+    # the plain model's YaRN starts from the model itself, at its trained length (4k: the tiny preset's)
+    assert steps["plain", "yarn"].inputs == [tmp_path / "out/plain/init/plain-init"]
+    assert steps["plain", "yarn"].settings["original_max_position_embeddings"] == 4096
+    assert steps["extended", "yarn"].settings["original_max_position_embeddings"] == 2048
+    # evaluations: the plain model as it is and its YaRN copy; the extended one only its YaRN copy, with its samples
+    assert [p.name for p in steps["plain", "ruler"].outputs] == ["plain-model", "plain-yarn"]
+    assert [p.name for p in steps["extended", "ruler"].outputs] == ["extended-yarn"]
+    assert [j.samples for j in steps["plain", "ruler"].jobs] == [1, 1]
+    assert [j.samples for j in steps["extended", "ruler"].jobs] == [2]
+    # sinks.checkpoints without the stage plain skips
+    assert [p.name for p in steps["plain", "sinks"].outputs] == ["plain-yarn"]
+    assert [p.name for p in steps["extended", "sinks"].outputs] == ["extended-extend", "extended-yarn"]
+    assert steps[None, "compare"].settings["baseline"] == str(tmp_path / "out/plain/ruler/plain-yarn")
+    # a variant's `base:` merge keeps a model's own keys and may change one
+    variant = write(tmp_path / "v.yaml", {"base": "r.yaml", "models": {"extended": {"ruler": {"samples": 3}}}})
+    r = load_recipe(variant)
+    extended = next(m for m in r.models if m.name == "extended")
+    assert extended.stages["ruler"].samples == 3 and extended.stages["ruler"].checkpoints == ["yarn"]
+    assert r.stages["ruler"].samples == 1

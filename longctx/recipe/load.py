@@ -8,6 +8,7 @@ count from the base file, so a variant may live anywhere).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
@@ -33,7 +34,7 @@ from longctx.recipe.stages import (
     source_stages,
     stages,
 )
-from longctx.recipe.types import LauncherSettings, Model, Recipe, SweepSettings, seed_name
+from longctx.recipe.types import LauncherSettings, Model, Recipe, SweepSettings, model_recipe, seed_name
 
 # The recipe's own top-level keys; the others are its stages' sections.
 OWN_KEYS = ("description", "base", "models", "launcher", "sweep")
@@ -145,6 +146,8 @@ def _anchor_model(raw: Any, base: Path) -> Any:
             out[source] = CheckpointPath().resolve(value, base)
         elif source in sections:
             out[source] = _anchor(sections[source], value, base)
+        elif source in stage_sections():
+            out[source] = _anchor(stage_sections()[source], value, base)
         else:
             out[source] = value
     return out
@@ -212,19 +215,31 @@ def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
 # --- models ---------------------------------------------------------------------------------------------
 
 
+# A model entry's keys besides its source: the stages of the recipe it does not go through.
+SKIP = "skip"
+
+
 def _model(file: str, name: Any, raw: Any, offline_data: bool) -> Model:
+    """The model `name` of the recipe: its source (the entry's one key of init, convert, checkpoint); its own
+    `skip` and stage keys are read by `_own_sections` once the recipe's sections are."""
     where = f"models.{name}"
     if not isinstance(name, str) or not _NAME.fullmatch(name) or name == "compare":
         shown = repr(name) if len(str(name)) <= 80 else f"{str(name)[:40]!r}... ({len(str(name))} characters)"
         raise _fail(file, "models", f"has a bad model name {shown} (letters, digits, '_', '.', '-', at most "
                                     f"{MAX_NAME} characters; not 'compare')")
     known = sources()
-    if not isinstance(raw, dict) or len(raw) != 1 or next(iter(raw)) not in known:
+    given = [k for k in raw if k in known] if isinstance(raw, dict) else []
+    if len(given) != 1:
         keys = ", ".join(map(str, raw)) if isinstance(raw, dict) else repr(raw)
-        hint = did_you_mean(str(next(iter(raw))), known) if isinstance(raw, dict) and len(raw) == 1 else ""
+        others = [str(k) for k in raw if k != SKIP and k not in model_stages()] if isinstance(raw, dict) else []
+        hint = did_you_mean(others[0], known) if not given and len(others) == 1 else ""
         one_of = f"{', '.join(known[:-1])} or {known[-1]}"
         raise _fail(file, where, f"must have exactly one of {one_of}, got {keys}{hint}")
-    source, value = next(iter(raw.items()))
+    own = (SKIP, *model_stages())
+    for key in raw:
+        if key not in known and key not in own:
+            raise _unknown(file, f"{where}.{key}", {k: None for k in (*known, *own)})
+    source, value = given[0], raw[given[0]]
     if source == CHECKPOINT_SOURCE:
         if not isinstance(value, str) or not value.strip():
             raise _fail(file, f"{where}.checkpoint", f"must be a path, got {value!r}")
@@ -242,6 +257,50 @@ def _model(file: str, name: Any, raw: Any, offline_data: bool) -> Model:
     return Model(name, source, settings)
 
 
+def _own_sections(file: str, raw: dict[str, Any], model: Model, sections: dict[str, Settings],
+                  offline_data: bool) -> dict[str, Settings] | None:
+    """The stage sections `model` goes through when its entry says otherwise than the recipe (None when it does
+    not): the stages in `skip` left out, with the checkpoints they make dropped from what evaluations evaluate;
+    a stage's keys under the model's entry set over the recipe's (a stage the recipe lacks is the model's alone)."""
+    entry = raw["models"][model.name]
+    where = f"models.{model.name}"
+    skip = entry.get(SKIP) or []
+    mine = [name for name in model_stages() if name in entry]
+    if not skip and not mine:
+        return None
+    if not isinstance(skip, list) or not all(isinstance(s, str) for s in skip):
+        raise _fail(file, f"{where}.{SKIP}", f"must be a list of stage names, got {skip!r}")
+    for name in skip:
+        if name not in sections or name not in model_stages():
+            have = [n for n in sections if n in model_stages()]
+            raise _fail(file, f"{where}.{SKIP}", f"names '{name}', not a stage of this recipe (choose from "
+                                                 f"{', '.join(have)}){did_you_mean(name, have)}")
+        if name in mine:
+            raise _fail(file, where, f"both skips {name} and sets its keys; keep one")
+    kinds = stage_sections()
+    own: dict[str, Settings] = {}
+    for name in kinds:
+        if name in skip:
+            continue
+        if name in mine:
+            merged = _merge(raw.get(name) or {}, entry[name] or {})
+            own[name] = parse_section(kinds[name], merged, file, f"{where}.{name}", offline_data)
+        elif name in sections:
+            own[name] = sections[name]
+    for name in evaluation_stages():
+        which = own[name].checkpoints if name in own else None
+        if name in mine or not which:
+            continue
+        kept = [c for c in which if c not in skip]
+        if not kept:
+            raise _fail(file, f"{where}.{SKIP}", f"leaves {name} nothing to evaluate ({name}.checkpoints: "
+                                                 f"{', '.join(which)}); set {where}.{name}.checkpoints")
+        own[name] = dataclasses.replace(own[name], checkpoints=kept)
+    if not any(n in own for n in model_stages()):
+        raise _fail(file, f"{where}.{SKIP}", "skips every stage; drop the model or a name from it")
+    return own
+
+
 def source_length(model: Model) -> int | None:
     """The length the starting checkpoint was trained at, when it can be known before anything runs."""
     if model.source == CHECKPOINT_SOURCE:
@@ -255,9 +314,10 @@ def model_lengths(recipe: Recipe, model: Model) -> dict[str, Lengths]:
     src = source_length(model)
     out = {"model": Lengths(src, src)}
     before = out["model"]
+    own = model_recipe(recipe, model).stages
     for name, stage in checkpoint_stages().items():
-        if name in recipe.stages:
-            before = out[name] = stage.lengths(recipe.stages[name], before)
+        if name in own:
+            before = out[name] = stage.lengths(own[name], before)
     return out
 
 
@@ -295,6 +355,8 @@ def load_recipe(path: str | os.PathLike, offline_data: bool = True) -> Recipe:
                                     "{baseline: {init: {preset: tiny, attention: baseline}}}")
     models = [_model(file, name, spec, offline_data) for name, spec in models_raw.items()]
     sections = _sections(raw, file, [m.name for m in models], offline_data)
+    for m in models:
+        m.stages = _own_sections(file, raw, m, sections, offline_data)
     if not any(s in sections for s in model_stages()):
         raise InputError(f"{file}: no stage; add at least one of {', '.join(model_stages())}")
     launcher = parse_section(LauncherSettings, raw.get("launcher"), file, "launcher")
@@ -309,7 +371,7 @@ def load_recipe(path: str | os.PathLike, offline_data: bool = True) -> Recipe:
 
 def seeded_stages(recipe: Recipe) -> list[str]:
     """The stages of `recipe` that have a `seed` a sweep can set, in stage order (a model source first)."""
-    have = {m.source for m in recipe.models} | set(recipe.stages)
+    have = {m.source for m in recipe.models} | {n for m in recipe.models for n in model_recipe(recipe, m).stages}
     sections = {**{n: s.section for n, s in source_stages().items()}, **stage_sections()}
     return [n for n in stages() if n in have and "seed" in {f.name for f, _ in sections[n].specs()}]
 
@@ -348,14 +410,19 @@ def _sweep(raw: Any, recipe: Recipe) -> SweepSettings | None:
 def _check(recipe: Recipe) -> None:
     """Checks across sections: the checkpoints an evaluation names exist, then each stage's own (comparisons
     first)."""
-    file, st = str(recipe.path), recipe.stages
-    allowed = ("model", *[s for s in checkpoint_stages() if s in st])
-    for name in evaluation_stages():
-        for c in (st[name].checkpoints or []) if name in st else []:
-            if c not in allowed:
-                raise _fail(file, f"{name}.checkpoints", f"names '{c}', not a checkpoint of this recipe "
-                                                         f"(choose from {', '.join(allowed)})")
+    file = str(recipe.path)
+    for m in recipe.models:
+        st = model_recipe(recipe, m).stages
+        allowed = ("model", *[s for s in checkpoint_stages() if s in st])
+        for name in evaluation_stages():
+            for c in (st[name].checkpoints or []) if name in st else []:
+                if c not in allowed:
+                    where, of = ((f"models.{m.name}.{name}", f"{m.name} goes through") if m.stages is not None
+                                 else (name, "of this recipe"))
+                    raise _fail(file, f"{where}.checkpoints", f"names '{c}', not a checkpoint {of} (choose from "
+                                                              f"{', '.join(allowed)})")
     comparisons = comparison_stages()
+    present = {n for m in recipe.models for n in model_recipe(recipe, m).stages} | set(recipe.stages)
     for name, stage in sorted(stages().items(), key=lambda item: item[0] not in comparisons):
-        if name in st:
+        if name in present:
             stage.check(recipe)

@@ -25,7 +25,7 @@ from longctx.recipe.stages import (
     evaluation_stages,
     source_stages,
 )
-from longctx.recipe.types import Model, Recipe, seed_name
+from longctx.recipe.types import Model, Recipe, model_recipe, seed_name
 
 __all__ = ["Step", "as_job", "plan", "recipe_data", "recipe_inputs", "section_record"]
 
@@ -79,6 +79,7 @@ def _seeded(recipe: Recipe, m: Model, seed: int) -> tuple[Recipe, Model]:
 def _model_steps(recipe: Recipe, m: Model, out: Path) -> list[Step]:
     """Every stage of `m`; with a sweep, those from the first swept stage on once per seed (into
     `<out>/<model>-seed<S>/`, each step's `group` the model and `seed` its seed), those before it once."""
+    recipe = model_recipe(recipe, m)
     mdir = out / m.name
     ckpts = {"model": m.checkpoint if m.source not in source_stages() else mdir / m.source / f"{m.name}-{m.source}"}
     lengths = model_lengths(recipe, m)
@@ -113,12 +114,17 @@ def recipe_inputs(recipe: Recipe) -> list[tuple[str, Path]]:
 def recipe_data(recipe: Recipe) -> list[tuple[str, str]]:
     """(recipe key, spec) of the data a recipe's stages read (the settings of a data kind: training data, sinks
     text, RULER sources)."""
-    found = []
-    for stage, section in recipe.stages.items():
-        for f, spec in section.specs():
-            if isinstance(spec.kind, (Source, Specs)):
-                value = getattr(section, f.name)
-                found += [(f"{stage}.{f.name}", v) for v in (value if isinstance(value, list) else [value]) if v]
+    found: list[tuple[str, str]] = []
+    views = [("", recipe.stages)] + [(f"models.{m.name}.", m.stages) for m in recipe.models if m.stages is not None]
+    for prefix, sections in views:
+        for stage, section in sections.items():
+            if prefix and section is recipe.stages.get(stage):
+                continue  # the recipe's own section, listed once
+            for f, spec in section.specs():
+                if isinstance(spec.kind, (Source, Specs)):
+                    value = getattr(section, f.name)
+                    found += [(f"{prefix}{stage}.{f.name}", v) for v in (value if isinstance(value, list) else [value])
+                              if v]
     return found
 
 

@@ -157,6 +157,10 @@ def _in_recipe(recipe: Recipe, step: Step, e: SettingError) -> InputError:
     """A setting error raised while a stage runs, named as the recipe wrote it."""
     st = stage(step.stage)
     where = st.where(step.model)
+    model = next((m for m in recipe.models if m.name in (step.model, step.group)), None)
+    if model is not None and model.stages is not None and (
+            model.stages.get(step.stage) is not recipe.stages.get(step.stage)):
+        where = f"models.{model.name}.{where}"  # the model's own keys of the stage
     return InputError(f"{recipe.path}: {step.label}: {e.render(lambda n: f'{where}.{st.section.key(n)}')}")
 
 
@@ -293,7 +297,7 @@ def run_recipe(path: str | os.PathLike, out_dir: str | os.PathLike | None = None
     seeds = (f" x {len(sweep.seeds)} seeds ({', '.join(map(str, sweep.seeds))}: {', '.join(sweep.stages)} and what "
              "follows run once per seed)" if sweep else "")
     log(f"recipe {recipe.path}: {len(recipe.models)} models ({', '.join(m.name for m in recipe.models)}){seeds}, "
-        f"stages {', '.join(dict.fromkeys(s.stage for s in steps))}; output {out}")
+        f"stages {', '.join(n for n in stage_names() if any(s.stage == n for s in steps))}; output {out}")
     if dry_run:
         _dry_run(recipe, steps, from_stage, log)
         return RecipeResult(out, steps, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,9 @@ class Model:
     source: str  # a source stage (init, convert) or checkpoint
     settings: Settings | None  # the source stage's section (None: a checkpoint given by path)
     checkpoint: Path | None = None  # the local checkpoint of `checkpoint:` models
+    # The model's own stage sections, in stage order, where its entry skips a stage or sets keys of one
+    # (`models.<name>.skip`, `models.<name>.<stage>`); None: the recipe's.
+    stages: dict[str, Settings] | None = None
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,11 @@ class LauncherSettings(Settings):
             raise self.error(f"{ref('num_processes')} ({self.num_processes}) must be a multiple of num_machines")
         if self.num_machines > 1 and not self.main_process_ip:
             raise self.error(f"{ref('main_process_ip')} is required with num_machines > 1 (machine rank 0's address)")
+
+
+def model_recipe(recipe: Recipe, model: Model) -> Recipe:
+    """The recipe as `model` goes through it: its own stage sections in place of the recipe's."""
+    return recipe if model.stages is None else dataclasses.replace(recipe, stages=model.stages)
 
 
 def seed_name(model: str, seed: int) -> str:

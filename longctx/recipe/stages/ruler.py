@@ -22,7 +22,7 @@ from longctx.recipe.stage import (
     section_record,
 )
 from longctx.recipe.stages import stage, stage_names
-from longctx.recipe.types import Recipe
+from longctx.recipe.types import Recipe, model_recipe
 
 WHICH = ("which checkpoints to evaluate: model (the source), pretrain, extend, yarn [default: the last "
          "checkpoint stage's]")
@@ -41,14 +41,17 @@ class RulerStage(EvaluationStage):
 
     def check(self, recipe: Recipe) -> None:
         """Every model's last checkpoint reaches the longest length."""
-        longest = recipe.stages[self.name].lengths[-1]
         for m in recipe.models:
+            own = model_recipe(recipe, m).stages
+            if self.name not in own:
+                continue
+            longest = own[self.name].lengths[-1]
             chain = model_lengths(recipe, m)
             last, lengths = list(chain.items())[-1]
             if lengths.reach is None or longest <= lengths.reach:
                 continue
             before = list(chain.values())[-2] if len(chain) > 1 else lengths
-            how = stage(last).reach_reason(recipe.stages[last], before, lengths) if last in stage_names() else None
+            how = stage(last).reach_reason(own[last], before, lengths) if last in stage_names() else None
             if how is None:
                 how = f"{m.name} is trained at {lengths.trained} tokens and there is no yarn stage"
             raise InputError(f"{recipe.path}: ruler.lengths go up to {longest} but {how}; the largest reachable "
