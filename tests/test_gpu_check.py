@@ -47,14 +47,16 @@ def test_every_part_passes_in_smoke_mode(tmp_path):
 
 def test_a_failed_and_a_timed_out_part_are_reported_and_the_rest_run(tmp_path):
     work = tmp_path / "work"
-    (work / "tiny-baseline").mkdir(parents=True)  # where extend's checkpoint is made: an empty folder is none
+    work.mkdir()
+    (work / "data-cache").write_text("")  # extend's token cache: a file is refused; sinks does not read it, so it
+    # makes its checkpoint, its YaRN copy and its window, far past its budget
     r, report = _check(tmp_path, "--work-dir", str(work), "--parts", "extend-sdpa,gate-cost,sinks,ruler-hf",
                        "--budget", "sinks=0.05")
     assert r.returncode == 1, r.stdout[-4000:] + r.stderr[-4000:]
     parts = {p["name"]: p for p in report["parts"]}
     assert [p["name"] for p in report["parts"]] == ["extend-sdpa", "gate-cost", "sinks", "ruler-hf"]
     assert parts["extend-sdpa"]["status"] == "failed"
-    assert "tiny-baseline" in parts["extend-sdpa"]["problems"][0]
+    assert "data-cache" in parts["extend-sdpa"]["problems"][0]
     assert parts["sinks"]["status"] == "timeout" and parts["sinks"]["budget_s"] == 0.05
     assert parts["gate-cost"]["status"] == parts["ruler-hf"]["status"] == "ok"
     assert "| extend-sdpa | failed |" in r.stdout and "| sinks | timeout |" in r.stdout
