@@ -221,6 +221,36 @@ def test_chunked_cross_entropy_equals_full_cross_entropy():
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
+def _autograd_cross_entropy(hidden, weight, labels):
+    """The loss with autograd's own backward, in the dtypes autocast gives F.linear: the gradients' oracle."""
+    logits = F.linear(hidden.reshape(-1, hidden.shape[-1]), weight).float()
+    return F.cross_entropy(logits, labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+@pytest.mark.parametrize("case", ["bf16-autocast", "frozen-weight", "no-grad", "bf16-model"])
+def test_chunked_cross_entropy_gradients_follow_autocast_frozen_weights_and_no_grad(case):
+    """The gradients made in the forward are autograd's: under bf16 autocast (a GPU's training step), with the LM
+    head frozen, for a bf16 model; without grad the loss is the same and nothing is kept for a backward."""
+    g = torch.Generator().manual_seed(1)
+    dtype = torch.bfloat16 if case == "bf16-model" else torch.float32
+    hidden = torch.randn(3, 50, 16, generator=g).to(dtype).requires_grad_(case != "no-grad")
+    weight = torch.randn(70, 16, generator=g).to(dtype).requires_grad_(case not in ("frozen-weight", "no-grad"))
+    labels = torch.randint(0, 70, (3, 50), generator=g)
+    labels[1, :9] = IGNORE_INDEX
+    inputs = [t for t in (hidden, weight) if t.requires_grad]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=case == "bf16-autocast"):
+        got = chunked_cross_entropy(hidden, weight, labels, chunk_tokens=32)
+        want = _autograd_cross_entropy(hidden, weight, labels)
+    tol = {"rtol": 2e-2, "atol": 2e-2} if case.startswith("bf16") else {"rtol": 1e-5, "atol": 1e-4}
+    torch.testing.assert_close(got, want, **tol)
+    if case == "no-grad":
+        assert got.grad_fn is None
+        return
+    for a, b in zip(torch.autograd.grad(got * 0.5, inputs), torch.autograd.grad(want * 0.5, inputs)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        torch.testing.assert_close(a, b, **tol)
+
+
 # --- resolved numbers ------------------------------------------------------------------------------
 
 
