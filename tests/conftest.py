@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sysconfig
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -378,18 +380,51 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(cores, 4, int(memory_gib // 6)))
 
 
+FILE_SECONDS = Path(__file__).parent / "file_seconds.json"  # a test file's seconds in one process, last recorded
+
+
+def _file_seconds() -> dict[str, float]:
+    try:
+        return json.loads(FILE_SECONDS.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def pytest_collection_modifyitems(config, items):
-    """Files with the most slow tests first, the rest in their order: the test processes take whole files in
-    collection order (`--dist loadfile`), so the long ones start early and the short ones fill in at the end,
-    instead of a long file starting last while the other process idles."""
-    slow: dict[str, int] = {}
+    """The longest files first (their seconds as last recorded in tests/file_seconds.json; a file not recorded yet
+    by its count of slow tests, 5 s each): the test processes take whole files in collection order (`--dist
+    loadfile`), so the long ones start early and the short ones fill in at the end, instead of a long file
+    starting last while the other process idles."""
+    recorded = _file_seconds()
+    estimate: dict[str, float] = {}
     for item in items:
-        slow[item.nodeid.split("::")[0]] = slow.get(item.nodeid.split("::")[0], 0) + _is_slow(item)
-    order = {f: i for i, f in enumerate(sorted(slow, key=lambda f: -slow[f]))}  # sorted() is stable
+        f = item.nodeid.split("::")[0]
+        estimate[f] = estimate.get(f, 0.0) + 5.0 * _is_slow(item)
+    estimate = {f: recorded.get(f, e) for f, e in estimate.items()}
+    order = {f: i for i, f in enumerate(sorted(estimate, key=lambda f: -estimate[f]))}  # sorted() is stable
     items.sort(key=lambda item: order[item.nodeid.split("::")[0]])
+
+
+class _FileSeconds:
+    """`LONGCTX_RECORD_SECONDS=1 pytest`: each file's seconds (set-up, call and tear-down of its tests, summed over
+    the reports the test processes send) into tests/file_seconds.json, merged over what is there."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report) -> None:
+        f = report.nodeid.split("::")[0]
+        self.seconds[f] = self.seconds.get(f, 0.0) + report.duration
+
+    def pytest_sessionfinish(self, session) -> None:
+        if self.seconds:
+            merged = {**_file_seconds(), **{f: round(s, 1) for f, s in self.seconds.items()}}
+            FILE_SECONDS.write_text(json.dumps(dict(sorted(merged.items())), indent=1) + "\n")
 
 
 def pytest_configure(config):
     _build_font_cache()
     _install_guard()
     config.pluginmanager.register(_LanePlugin(), "longctx-lanes")
+    if os.environ.get("LONGCTX_RECORD_SECONDS") == "1" and not hasattr(config, "workerinput"):  # the controller
+        config.pluginmanager.register(_FileSeconds(), "longctx-file-seconds")
