@@ -12,7 +12,7 @@ Writes, under --out [default: reference/ in the checkout]:
     essays/essay.json            {"text": every essay, in file-name order}: RULER's PaulGrahamEssays.json, as its
                                  scripts/data/synthetic/json/download_paulgraham_essay.py joins the essays it takes
                                  from the same repository (gkamradt/LLMTest_NeedleInAHaystack)
-    essays/train/, essays/heldout/   the essays as text files: 40 to train on, 8 (every sixth) held out
+    essays/train/, essays/heldout/   the essays as text files: 41 to train on, 8 (every sixth) held out
     manifest.json                what was fetched, with its sha256
 
 A second run finds everything in place and checks it (seconds). Bad input or a failed download: one line, exit 2.
