@@ -46,14 +46,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_common import busy_cpu_seconds, one_line_errors  # scripts/, beside this file
+
 TARGET_OUTSIDE = 0.05
 TARGET_RATIO = 0.95
 DTYPES = ("float32", "bfloat16")
-
-
-def _refuse(text: str) -> None:
-    print(f"bench_extend: {text}", file=sys.stderr)
-    sys.exit(2)
 
 
 def _peak_rss_mib() -> float:
@@ -134,13 +131,6 @@ def one_bare(ckpt: Path, seq_len: int, dtype: str, attention: str, gradient_chec
             "step_s": (ends[-1] - ends[0]) / (len(ends) - 1), "peak_rss_mib": _peak_rss_mib()}
 
 
-def _busy_cpu_s() -> float:
-    """CPU seconds the whole machine has been busy (/proc/stat; hypervisor steal included: it slows a run too)."""
-    with open("/proc/stat", encoding="ascii") as f:
-        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in f.readline().split()[1:9])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
 def _children_cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
@@ -149,20 +139,20 @@ def _children_cpu_s() -> float:
 def _run_child(argv: list[str], what: str) -> dict:
     """The child's RESULT, with `others_cpu_s`: the CPU seconds the rest of the machine used while it ran (on a
     shared machine another program's work slows one side more than the other)."""
-    busy, own = _busy_cpu_s(), _children_cpu_s()
+    busy, own = busy_cpu_seconds(), _children_cpu_s()
     r = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True,
                        env={**os.environ, "TQDM_DISABLE": "1"})
     if r.returncode:
         sys.exit(f"{what} failed:\n{r.stderr[-3000:]}")
     result = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))[7:])
-    return {**result, "others_cpu_s": max(0.0, (_busy_cpu_s() - busy) - (_children_cpu_s() - own))}
+    return {**result, "others_cpu_s": max(0.0, (busy_cpu_seconds() - busy) - (_children_cpu_s() - own))}
 
 
 def main() -> None:
     from longctx.core.units import parse_lengths
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.error = lambda message: _refuse(f"{message} (--help lists the options)")  # one line, not usage
+    one_line_errors(ap)
     ap.add_argument("--checkpoint", help="checkpoint folder [default: a tiny random Qwen3 made on the fly]")
     ap.add_argument("--data", action="append",
                     help="training text, as extend's --data (repeatable) [default: synthetic:mixed]")

@@ -57,15 +57,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_common import busy_cpu_seconds, one_line_errors  # scripts/, beside this file
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_ESSAY = ROOT / "reference" / "essays" / "essay.json"
 # The rounds repeat the same prompts: without this the engine would answer them from its prefix cache (above).
 BENCH_ENGINE_ARGS = {"enable_prefix_caching": False}
-
-
-def _refuse(text: str) -> None:
-    print(f"bench_ruler_overhead: {text}", file=sys.stderr)
-    sys.exit(2)
 
 
 def _lengths(text: str) -> list[int]:
@@ -104,14 +101,6 @@ def _engine_length(ckpt: Path, lengths: list[int]) -> int:
     return need if ctx is None else min(ctx, need)
 
 
-def _busy_cpu_s() -> float:
-    """CPU seconds the whole machine has been busy (hypervisor steal included: it slows the bench as well)."""
-    import psutil  # a vLLM dependency
-
-    t = psutil.cpu_times()
-    return t.user + t.nice + t.system + t.irq + t.softirq + getattr(t, "steal", 0.0)
-
-
 def _own_cpu_s() -> float:
     """CPU seconds of this process and every process under it (the engine's)."""
     import psutil
@@ -147,7 +136,7 @@ def _shutdown(llm) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.error = lambda message: _refuse(f"{message} (--help lists the options)")  # one line, not usage
+    one_line_errors(ap)
     ap.add_argument("--checkpoint", help="checkpoint folder [default: a tiny random Qwen3 made on the fly]")
     ap.add_argument("--lengths", "--length", dest="lengths", type=_lengths, default=[2048],
                     help="context lengths, e.g. 4k,8k (k = x1024) [default: 2k]")
@@ -278,9 +267,9 @@ def main() -> None:
         # On a shared machine another program's work lands on one side's runs: the CPU seconds the rest of the
         # machine used during each run are printed beside them.
         def loaded(run, into: list[float], others: list[float]) -> None:
-            busy, own = _busy_cpu_s(), _own_cpu_s()
+            busy, own = busy_cpu_seconds(), _own_cpu_s()
             into.append(run())
-            others.append(max(0.0, (_busy_cpu_s() - busy) - (_own_cpu_s() - own)))
+            others.append(max(0.0, (busy_cpu_seconds() - busy) - (_own_cpu_s() - own)))
 
         a, b, a_others, b_others = [], [], [], []
         for i in range(args.rounds):

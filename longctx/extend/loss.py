@@ -28,10 +28,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_weight else None
+        w = None  # the weight in the dtype the products run in (autocast's when it is on), cast once, not per chunk
         for start in range(0, hidden.shape[0], chunk_tokens):
             h, y = hidden[start:start + chunk_tokens], labels[start:start + chunk_tokens]
-            logits = F.linear(h, weight)  # in the autocast dtype when autocast is on, as the backward's products
-            compute_dtype = logits.dtype
+            logits = F.linear(h, weight if w is None else w)
+            if w is None:
+                w = weight.to(logits.dtype)
+            compute_dtype = w.dtype
             logits = logits.to(torch.promote_types(compute_dtype, torch.float32))  # the softmax in fp32 at least
             predicted = y != IGNORE_INDEX
             rows = predicted.nonzero().squeeze(1)
@@ -46,7 +49,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             d_logits[~predicted] = 0
             d_logits = d_logits.to(compute_dtype)
             if need_hidden:
-                grad_hidden[start:start + chunk_tokens] = d_logits @ weight.to(compute_dtype)
+                grad_hidden[start:start + chunk_tokens] = d_logits @ w
             if need_weight:
                 grad_weight += d_logits.t() @ h.to(compute_dtype)
         ctx.save_for_backward(grad_hidden, grad_weight)
