@@ -122,8 +122,11 @@ def test_a_stopped_multi_worker_prepare_leaves_nothing_half_written_and_reruns_t
         proc = _prepare_cli(reference_tokenizer_dir, out, cache)
         workers: set[int] = set()
         deadline = time.time() + 300
-        while not (out / "manifest.json").is_file() or not json.loads((out / "manifest.json").read_text())["files"]:
-            assert proc.poll() is None and time.time() < deadline, "the call ended before it wrote its first file"
+        while True:
+            ended = proc.poll() is not None  # read before the manifest: a call that ends in between wrote it all
+            if (out / "manifest.json").is_file() and json.loads((out / "manifest.json").read_text())["files"]:
+                break
+            assert not ended and time.time() < deadline, "the call ended before it wrote its first file"
             workers.update(_children(proc.pid))
             time.sleep(0.02)
         workers.update(_children(proc.pid))
