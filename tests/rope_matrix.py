@@ -307,6 +307,13 @@ HUB_LAYOUTS: dict[str, tuple[str, dict[str, Any]]] = {
         "max_position_embeddings": TRAINED_LENGTH, "rope_theta": 50000.0, "rope_scaling": None,
         "sliding_window": 4 * TRAINED_LENGTH, "sliding_window_pattern": 2, "logit_scale": 0.25,
         "tie_word_embeddings": True}),
+    # mistralai/Mixtral-8x7B-v0.1: v4 keys without rope_scaling, no head_dim (MixtralConfig leaves it None: the
+    # attention computes hidden_size / num_attention_heads), no sliding window
+    "mixtral-hub": ("Mixtral", {
+        **{k: v for k, v in _HUB_SHAPE.items() if k != "head_dim"}, "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral", "max_position_embeddings": TRAINED_LENGTH, "rope_theta": 1e6,
+        "sliding_window": None, "num_local_experts": 4, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.02,
+        "output_router_logits": False, "rms_norm_eps": 1e-5, "hidden_act": "silu"}),
     # meta-llama/Llama-3.1-8B: llama3 scaling in v4 keys
     "llama-hub": ("Llama 3.x", {
         **_HUB_SHAPE, "architectures": ["LlamaForCausalLM"], "model_type": "llama",
@@ -325,10 +332,34 @@ class MatrixEntry:
     model_type: str
     hub: dict[str, Any] | None = None
     resaved: bool = False
+    dropped: tuple[str, ...] = ()  # keys left out of the config.json transformers saves (and the same weights)
+
+
+@lru_cache(maxsize=1)
+def head_dim_left_none_types() -> list[str]:
+    """The matrix's model types whose config class leaves head_dim None when config.json has none and whose model
+    transformers still builds (the attention computes hidden_size / num_attention_heads; Mixtral's Hub configs
+    have none). Ministral's and Hunyuan's classes leave it None too, but their attention reads
+    `getattr(config, "head_dim", ...)`, so transformers builds no model of such a config.json."""
+    out = []
+    for t in rope_model_types():
+        if not hasattr(_config_class(t), "head_dim") or _config_class(t).head_dim is not None:
+            continue
+        config = tiny_config(t, head_dim=None)
+        if getattr(config, "head_dim", 0) is not None:
+            continue
+        try:
+            build_on_meta(config)
+        except TypeError:
+            continue
+        out.append(t)
+    return out
 
 
 def _entries() -> dict[str, MatrixEntry]:
     out = {t: MatrixEntry(t, t) for t in rope_model_types()}
+    for t in head_dim_left_none_types():
+        out[f"{t}-no-head-dim"] = MatrixEntry(f"{t}-no-head-dim", t, dropped=("head_dim",))
     for name, (_, cfg) in HUB_LAYOUTS.items():
         out[name] = MatrixEntry(name, cfg["model_type"], cfg)
         out[f"{name}-saved"] = MatrixEntry(f"{name}-saved", cfg["model_type"], cfg, resaved=True)
@@ -374,7 +405,7 @@ def entry_config(entry: MatrixEntry):
     """The transformers config object the entry's checkpoint is saved from."""
     if entry.hub is not None:
         return _hub_config(entry.hub)
-    config = tiny_config(entry.model_type)
+    config = tiny_config(entry.model_type, **dict.fromkeys(entry.dropped))
     config.architectures = [rope_model_types()[entry.model_type]]
     return config
 
@@ -401,6 +432,10 @@ def write_entry(entry: MatrixEntry, out: Path, tokenizer_dir: Path, weights_from
             model.save_pretrained(out)
     if entry.hub is not None and not entry.resaved:
         (out / "config.json").write_text(json.dumps(entry.hub, indent=2))
+    if entry.dropped:
+        saved = json.loads((out / "config.json").read_text())
+        (out / "config.json").write_text(json.dumps({k: v for k, v in saved.items() if k not in entry.dropped},
+                                                    indent=2))
     for f in Path(tokenizer_dir).iterdir():
         if f.name.startswith("tokenizer") or f.name.startswith("special_tokens"):
             os.link(f, out / f.name)
@@ -420,6 +455,8 @@ class Matrix:
             source = None
             if entry.resaved:  # the same model as the Hub layout's: its weights, transformers' config.json
                 source = self.path(name.removesuffix("-saved"))
+            if entry.dropped:  # the same model as its model type's entry (head_dim 64 = 256 / 4 heads)
+                source = self.path(entry.model_type)
             self.written[name] = write_entry(entry, self.root / name, self.tokenizer_dir, weights_from=source)
         return self.written[name]
 
@@ -627,6 +664,32 @@ def mla_softmax_scale(qk_head_dim: int, rope: dict[str, Any]) -> float:
     return scale
 
 
+# --- what a transformers-4 reader sees ---------------------------------------------------------------------------
+
+# Families whose transformers-4 config class reads the base under another key (configuration_gpt_neox.py 4.x).
+_V4_BASE_KEYS = {"gpt_neox": "rotary_emb_base"}
+
+
+def config_form(cfg: dict[str, Any]) -> str:
+    """Which RoPE keys config.json dict `cfg` has: "v5" (`rope_parameters`), "v4" (the base key and/or
+    `rope_scaling`), "both", or "none"."""
+    v5 = bool(cfg.get("rope_parameters"))
+    v4 = _V4_BASE_KEYS.get(cfg.get("model_type"), "rope_theta") in cfg or "rope_scaling" in cfg
+    return {(True, True): "both", (True, False): "v5", (False, True): "v4", (False, False): "none"}[(v5, v4)]
+
+
+def v4_reader(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The RoPE a reader that knows only the transformers-4 keys sees in config.json dict `cfg` (transformers
+    4.x config classes; llama.cpp's convert_hf_to_gguf.py reads `rope_theta` and `rope_scaling` the same way):
+    the base under the family's key, the scaling in `rope_scaling` (`rope_type`, or `type` as older configs
+    say), max_position_embeddings. `rope_parameters` it does not know."""
+    scaling = cfg.get("rope_scaling") or {}
+    return {"base": cfg.get(_V4_BASE_KEYS.get(cfg.get("model_type"), "rope_theta")),
+            "rope_type": scaling.get("rope_type") or scaling.get("type") or "default",
+            "factor": scaling.get("factor"), "original": scaling.get("original_max_position_embeddings"),
+            "max_position_embeddings": cfg.get("max_position_embeddings")}
+
+
 # --- what the layers see --------------------------------------------------------------------------------------
 
 SLIDING_TYPES = ("sliding_attention", "chunked_attention")
@@ -708,6 +771,8 @@ _HUB_ROWS: dict[str, tuple[str, str, str, str]] = {
                       "new base"),
     "Cohere2": ("RoPE in the sliding layers only (full layers: none)", "which layers have none",
                     "YaRN in the sliding layers; says the full layers have no RoPE", "new base"),
+    "Mixtral": ("`rope_theta` 1e6, no `rope_scaling`, no `head_dim`", "base", "YaRN, written as `rope_theta` + "
+                "`rope_scaling` with `head_dim`", "new base"),
     "Llama 3.x": ("llama3 x8 in `rope_scaling`", "type, factor, original length",
                   "`--rescale`: YaRN from the original length", "llama3 kept under the new base"),
 }
@@ -729,7 +794,7 @@ def render_architecture_table() -> str:
     groups: dict[str, list[str]] = {}
     refused: dict[str, dict[str, str]] = {"yarn": {}, "extend": {}}
     for name, entry in entries().items():
-        if entry.hub is None:
+        if entry.hub is None and not entry.dropped:
             config = entry_config(entry)
             o = rotary_oracle(config)
             groups.setdefault(next(g for g, fits, *_ in _GROUPS if fits(o, config)), []).append(name)
@@ -751,6 +816,10 @@ def render_architecture_table() -> str:
         names = ", ".join(f"`{t}`" for t in types)
         rows.append(f"| {family}: the Hub's config.json ({names}), and as transformers saves it again | "
                     f"{_cell(rope)} | {info} | {yarn} | {extend} |")
+    types = ", ".join(f"`{t}`" for t in head_dim_left_none_types())
+    rows.append(f"| {types}: config.json without `head_dim` (their config class leaves it None) | as the row of "
+                "the type | head size hidden_size / num_attention_heads | YaRN, with `head_dim` written (transformers' "
+                "YaRN initialiser reads it) | new base |")
     return "\n".join(rows)
 
 

@@ -199,19 +199,22 @@ def test_yarn_refusals_and_rescale():
 
 
 def test_yarn_explicit_original_and_optional_keys():
-    res = apply_yarn(QWEN3_LIKE, 2.0, original=16384, beta_fast=16, truncate=False)
+    res = apply_yarn(QWEN3_LIKE, 2.0, original=16384, beta_fast=16, truncate=False, config_format="v5")
     assert res.config["rope_parameters"] == {"rope_type": "yarn", "rope_theta": 1000000, "factor": 2.0,
                                              "original_max_position_embeddings": 16384, "beta_fast": 16.0,
                                              "truncate": False}
     assert res.config["max_position_embeddings"] == 32768
     src = {**QWEN3_LIKE, "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768,
                                           "attention_factor": 1.0}}
-    res = apply_yarn(src, 4.0, rescale=True)
+    res = apply_yarn(src, 4.0, rescale=True, config_format="v5")
     assert "attention_factor" not in res.config["rope_parameters"] and "attention_factor" in res.notes[0]
 
 
 def test_set_rope_base_writes_integral_base_as_int(tmp_path):
-    cfg, _ = set_rope_base({**QWEN3_LIKE, "rope_theta": 10000, "max_position_embeddings": 4096}, 1e6, 32768)
+    v4, _ = set_rope_base({**QWEN3_LIKE, "rope_theta": 10000, "max_position_embeddings": 4096}, 1e6, 32768)
+    assert (v4["rope_theta"], v4["rope_scaling"]) == (1000000, None) and isinstance(v4["rope_theta"], int)
+    assert "rope_parameters" not in v4  # the form the config had
+    cfg, _ = set_rope_base({**QWEN3_LIKE, "rope_theta": 10000, "max_position_embeddings": 4096}, 1e6, 32768, "v5")
     assert cfg["rope_parameters"] == {"rope_type": "default", "rope_theta": 1000000}
     assert isinstance(cfg["rope_parameters"]["rope_theta"], int)
     assert "rope_theta" not in cfg and "rope_scaling" not in cfg and cfg["max_position_embeddings"] == 32768

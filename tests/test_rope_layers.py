@@ -273,7 +273,7 @@ def test_a_flat_rope_written_onto_gemma3_is_refused_on_the_built_module(layouts)
                                          r"[0-9.]+ \(relative\) off the asked yarn \(base 1e\+06, factor 4, original "
                                          r"length 256\), attention scaling 1.0 \(asked 1.13863\); longctx cannot "
                                          r"write this RoPE for model_type 'gemma3_text'$"):
-        check_written_rope(write_rope(GEMMA3_HUB, asked), asked)
+        check_written_rope(write_rope(GEMMA3_HUB, asked, "v5"), asked)
 
 
 # --- yarn: legacy keys, MLA, what transformers saves, NoPE layers ---------------------------------------------
@@ -310,7 +310,8 @@ def test_yarn_rescale_of_deepseek_keeps_mscale_and_the_softmax_scale(factor, lay
     out = tmp_path / "out"
     r = run("yarn", layouts["deepseek-v2"], "--factor", factor, "--rescale", "-o", out)
     assert r.exit_code == 0, r.output
-    params = json.loads((out / "config.json").read_text())["rope_parameters"]
+    cfg = json.loads((out / "config.json").read_text())
+    params = cfg.get("rope_parameters") or cfg["rope_scaling"]  # the form the Hub layout has (v4)
     assert (params["mscale"], params["mscale_all_dim"], params["factor"]) == (1.0, 1.0, factor)
     assert "note: kept mscale 1, mscale_all_dim 1: deepseek_v2's attention (DeepSeek's MLA)" in r.output
     want = 128 ** -0.5 * mla_softmax_multiplier(factor, 1.0)
@@ -340,7 +341,7 @@ def test_deepseek_rescale_to_the_same_factor_computes_the_same_log_probs(tmp_pat
     assert torch.equal(logits[0], logits[1])
     dropped = json.loads((tmp_path / "out" / "config.json").read_text())
     for key in ("mscale", "mscale_all_dim"):  # what `yarn` wrote before issue 30
-        del dropped["rope_parameters"][key]
+        del (dropped.get("rope_parameters") or dropped["rope_scaling"])[key]
     (tmp_path / "out" / "config.json").write_text(json.dumps(dropped))
     other = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()(ids).logits.log_softmax(-1)
     assert (other - logits[0]).abs().max() > 1e-3  # the test can fail
@@ -479,7 +480,7 @@ def test_extend_checks_the_built_module_before_training(gemma3_weights):
     from longctx.checkpoint.rope import check_written_rope, set_rope_base
 
     cfg = json.loads((gemma3_weights["hub"] / "config.json").read_text())
-    flat, asked = set_rope_base(cfg, 2e6, 512)
+    flat, asked = set_rope_base(cfg, 2e6, 512, "v5")
     with pytest.raises(InputError, match="the model transformers builds from it computes .*full_attention layers: "
                                          "inv_freq"):
         check_written_rope(flat, asked)
@@ -504,7 +505,7 @@ def test_extend_says_the_new_base_cannot_reach_cohere2_full_layers(layouts, refe
     with contextlib.ExitStack() as held:
         _, new_cfg, notes = _validate(s, 1, False, held)
     assert "the new base cannot reach the full-attention layers (1 of 4): they use no RoPE" in notes
-    assert new_cfg["rope_parameters"] == {"rope_type": "default", "rope_theta": 1000000}
+    assert (new_cfg["rope_theta"], new_cfg["rope_scaling"]) == (1000000, None)  # the Hub layout's form (v4)
 
 
 # --- ruler's suggested command names the Hub id --------------------------------------------------------------------

@@ -31,6 +31,7 @@ from rope_matrix import (
     HUB_LAYOUTS,
     TRAINED_LENGTH,
     Matrix,
+    config_form,
     entries,
     excluded_model_types,
     extend_refusal,
@@ -40,6 +41,7 @@ from rope_matrix import (
     rope_inv_freq,
     rope_model_types,
     rotary_oracle,
+    v4_reader,
     yarn_attention_factor,
     yarn_inv_freq,
     yarn_refusal,
@@ -318,6 +320,43 @@ def test_yarn_keeps_the_form_transformers_reads(name, matrix, yarned):
         assert cfg.get("rope_local_base_freq") == src["rope_local_base_freq"], cfg
         assert (cfg.get("rope_scaling") or {}).get("rope_type") == "yarn" and "rope_parameters" not in cfg, cfg
     AutoConfig.from_pretrained(out)
+
+
+HUB_FORMS = [n for n in NAMES if entries()[n].hub is not None]
+
+
+@pytest.mark.parametrize("name", HUB_FORMS)
+def test_yarn_and_extend_write_the_form_the_input_had(name, matrix, yarned, tmp_path):
+    """v4 keys in, v4 keys out (v5 in, v5 out): a reader that knows only the transformers-4 keys (transformers
+    4.x, llama.cpp's converter), which read the input, sees YaRN x4 from the trained length in what `yarn`
+    writes, and the new base under the old scaling in what `extend` writes."""
+    from longctx.core.errors import InputError
+    from longctx.extend.loop import _validate
+    from longctx.extend.settings import ExtendSettings
+
+    src = matrix.path(name)
+    before, cfg = oracle(src), _config_json(src)
+    long = next(r for r in before.rotaries if long_context_layer_type(r.layer_type) and r.parameters)
+    r, out = yarned(name)
+    assert r.exit_code == 0, r.output
+    written = _config_json(out)
+    assert config_form(written) == config_form(cfg), (name, config_form(cfg), written)
+    trained = _trained_length(long, before.max_position_embeddings)
+    if config_form(cfg) in ("v4", "both"):
+        assert v4_reader(written) == {"base": long.parameters["rope_theta"], "rope_type": "yarn", "factor": FACTOR,
+                                      "original": trained, "max_position_embeddings": FACTOR * trained}, written
+    s = ExtendSettings(checkpoint=str(src), output=str(tmp_path / "out"), seq_len=SEQ_LEN, rope_base=NEW_BASE,
+                       data=["synthetic:mixed"], steps=1, cache_dir=str(tmp_path / "cache"))
+    with contextlib.ExitStack() as held:
+        if extend_refusal(before):
+            with pytest.raises(InputError):
+                _validate(s, 1, False, held)
+            return
+        _, new_cfg, _ = _validate(s, 1, False, held)
+    assert config_form(new_cfg) == config_form(cfg), (name, new_cfg)
+    if config_form(cfg) in ("v4", "both"):
+        old = v4_reader(cfg)
+        assert v4_reader(new_cfg) == {**old, "base": NEW_BASE, "max_position_embeddings": SEQ_LEN}, new_cfg
 
 
 def test_yarn_says_cohere2_full_layers_have_no_rope_to_scale(yarned):

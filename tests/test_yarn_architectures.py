@@ -132,7 +132,7 @@ def test_linear_needs_the_original_length():
     (LINEAR_RECORDED, "replaced linear scaling (factor 4, original length 4096) with YaRN from original length 4096"),
 ])
 def test_rescale_replaces_the_scaling_keeps_the_base(cfg, note, tmp_path):
-    res = apply_yarn(cfg, 16.0, rescale=True)
+    res = apply_yarn(cfg, 16.0, rescale=True, config_format="v5")
     assert res.notes == [note]
     n = read_rope(cfg).trained_length
     assert res.config["rope_parameters"] == {"rope_type": "yarn", "rope_theta": read_rope(cfg).theta, "factor": 16.0,
@@ -144,7 +144,7 @@ def test_rescale_replaces_the_scaling_keeps_the_base(cfg, note, tmp_path):
 
 
 def test_rescale_longrope_to_yarn_in_longrope_form():
-    res = apply_yarn(LONGROPE, 8.0, rescale=True)
+    res = apply_yarn(LONGROPE, 8.0, rescale=True, config_format="v5")
     assert res.notes[0] == ("replaced LongRoPE scaling (factor 32, original length 4096) with YaRN from original "
                             "length 4096; dropped short_factor, long_factor (LongRoPE's own parameters, unused by "
                             "YaRN)")
@@ -154,9 +154,9 @@ def test_rescale_longrope_to_yarn_in_longrope_form():
 
 def test_rescale_keeps_partial_rotary_factor_and_drops_engine_dependent_keys():
     cfg = {**LLAMA3, "rope_scaling": {**LLAMA3["rope_scaling"], "partial_rotary_factor": 0.5}}
-    assert apply_yarn(cfg, 4.0, rescale=True).config["rope_parameters"]["partial_rotary_factor"] == 0.5
+    assert apply_yarn(cfg, 4.0, rescale=True, config_format="v5").config["rope_parameters"]["partial_rotary_factor"] == 0.5
     yarn = {**YARN, "rope_scaling": {**YARN["rope_scaling"], "mscale": 1.0, "beta_fast": 16.0}}
-    res = apply_yarn(yarn, 2.0, rescale=True)
+    res = apply_yarn(yarn, 2.0, rescale=True, config_format="v5")
     assert res.notes == ["dropped mscale: transformers and vLLM versions disagree on their meaning"]
     assert res.config["rope_parameters"]["beta_fast"] == 16.0  # YaRN's own keys stay
 
@@ -194,7 +194,7 @@ def test_check_context_suggestion_runs_and_covers_the_length(name, cfg, longest,
 
 
 def test_check_written_rope_accepts_what_transformers_reads_and_names_what_differs(tmp_path):
-    res = apply_yarn(LLAMA, 4.0)
+    res = apply_yarn(LLAMA, 4.0, config_format="v5")
     check_written_rope(res.config, res.rope, "out/config.json")
     (tmp_path / "config.json").write_text(json.dumps(res.config))
     check_written_rope(tmp_path, res.rope)
@@ -267,7 +267,7 @@ def test_yarn_longrope_factors_are_yarn_frequencies():
 def test_transformers_longrope_of_the_form_is_the_longrope_reference():
     from transformers import AutoConfig
 
-    res = apply_yarn(PHI3, 4.0)
+    res = apply_yarn(PHI3, 4.0, config_format="v5")
     hf = AutoConfig.for_model("phi3", **{k: v for k, v in res.config.items() if k != "model_type"})
     factors = res.config["rope_parameters"]["long_factor"]
     want = longrope_inv_freq(factors, 64, 10000)
@@ -277,7 +277,7 @@ def test_transformers_longrope_of_the_form_is_the_longrope_reference():
 
 
 def test_phi3_yarn_is_written_as_longrope_and_read_back_as_yarn(tmp_path):
-    res = apply_yarn(PHI3, 4.0, label="out/config.json")
+    res = apply_yarn(PHI3, 4.0, label="out/config.json", config_format="v5")
     factors = yarn_longrope_factors(64, 10000, 4.0, 4096)
     scale = yarn_attention_scaling(4.0)
     assert res.config["rope_parameters"] == {
@@ -292,7 +292,7 @@ def test_phi3_yarn_is_written_as_longrope_and_read_back_as_yarn(tmp_path):
     back = read_rope(res.config)
     assert (back.rope_type, back.stored_type, back.factor, back.original_max_position_embeddings,
             back.context_length, back.trained_length) == ("yarn", "longrope", 4.0, 4096, 16384, 4096)
-    assert back == res.rope and write_rope(PHI3, back) == res.config  # round trip
+    assert back == res.rope and write_rope(PHI3, back, "v5") == res.config  # round trip
     # the v4 format says the same
     v4 = apply_yarn(PHI3, 4.0, config_format="v4").config
     assert v4["rope_scaling"]["rope_type"] == "longrope" and read_rope(v4).rope_type == "yarn"
@@ -306,7 +306,7 @@ def test_phi3_yarn_is_written_as_longrope_and_read_back_as_yarn(tmp_path):
 
 
 def test_longrope_form_recognised_only_when_it_is_yarn():
-    res = apply_yarn(PHI3, 4.0, beta_fast=16)
+    res = apply_yarn(PHI3, 4.0, beta_fast=16, config_format="v5")
     assert read_rope(res.config).extra["beta_fast"] == 16.0 and read_rope(res.config).rope_type == "yarn"
     params = res.config["rope_parameters"]
 
@@ -324,17 +324,17 @@ def test_longrope_form_recognised_only_when_it_is_yarn():
 
 
 def test_rescale_of_longrope_form_writes_it_again_without_notes_about_its_keys():
-    once = apply_yarn(PHI3, 4.0).config
+    once = apply_yarn(PHI3, 4.0, config_format="v5").config
     with pytest.raises(InputError, match="already YaRN-scaled"):
-        apply_yarn(once, 8.0)
-    again = apply_yarn(once, 8.0, rescale=True)
+        apply_yarn(once, 8.0, config_format="v5")
+    again = apply_yarn(once, 8.0, rescale=True, config_format="v5")
     assert _rope(again.config) == ("yarn", 8.0, 4096, 32768, 32768)
     assert not any("dropped" in note for note in again.notes)
     assert again.config["rope_parameters"]["long_factor"] == yarn_longrope_factors(64, 10000, 8.0, 4096)
 
 
 def test_vllm_settings_of_the_longrope_form_are_the_written_config():
-    res = apply_yarn(PHI3, 4.0)
+    res = apply_yarn(PHI3, 4.0, config_format="v5")
     s = vllm_settings(res.rope)
     assert s["max_model_len"] == 16384
     assert s["hf_overrides"] == {"rope_parameters": res.config["rope_parameters"], "max_position_embeddings": 16384,
@@ -344,7 +344,7 @@ def test_vllm_settings_of_the_longrope_form_are_the_written_config():
 def test_phimoe_gets_the_longrope_form_too():
     cfg = {**_SHAPE, "model_type": "phimoe", "max_position_embeddings": 4096, "rope_theta": 1e6,
            "num_local_experts": 2, "rope_scaling": None}
-    res = apply_yarn(cfg, 4.0)
+    res = apply_yarn(cfg, 4.0, config_format="v5")
     assert res.config["rope_parameters"]["rope_type"] == "longrope" and read_rope(res.config).rope_type == "yarn"
     assert math.isclose(res.config["rope_parameters"]["long_mscale"], yarn_attention_scaling(4.0))
 
@@ -360,3 +360,41 @@ def test_cli_yarn_on_scaled_checkpoints(tmp_path):
     assert "note: replaced llama3 scaling" in r.output and "context length: 131072 tokens" in r.output
     assert "Replace the checkpoint's RoPE scaling (yarn, llama3, linear, dynamic, longrope) with YaRN from its" in \
         " ".join(run("yarn", "--help").output.split())
+
+
+# --- refusals come alone ----------------------------------------------------------------------------------------
+
+# microsoft/Phi-3.5-mini-instruct and Phi-4-mini-instruct as shipped (shrunk): LongRoPE without `factor`, its
+# original length top-level; Phi-4-mini rotates 3/4 of each head. transformers warns about such a config when it
+# builds one (`rope_parameters['original_max_position_embeddings']`...), which came before the refusals below.
+PHI35 = {**LONGROPE, "head_dim": None, "num_key_value_heads": 4, "sliding_window": 262144, "pad_token_id": 0}
+PHI4 = {**LONGROPE, "head_dim": None, "partial_rotary_factor": 0.75, "pad_token_id": 0,
+        "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 24, "long_factor": [1.5] * 24}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cfg", [PHI35, PHI4], ids=["phi-3.5", "phi-4"])
+@pytest.mark.parametrize("verb,remedy", [
+    (["yarn", "--factor", "2"], "pass --rescale"),
+    (["extend", "--rope-base", "1e6", "--seq-len", "8k", "--data", "synthetic:mixed", "--steps", "1"],
+     "scale the result with longctx yarn"),
+], ids=["yarn", "extend"])
+def test_a_refusal_is_the_only_line_the_command_prints(cfg, verb, remedy, tmp_path):
+    """In a process of its own (what a library logs goes to the terminal, not to a test runner): exit 2 and one
+    line that says what the checkpoint has and what to run, no warning of transformers before it."""
+    import subprocess
+    import sys
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    ckpt = tmp_path / "phi"
+    shown = {k: v for k, v in cfg.items() if v is not None}
+    config = AutoConfig.for_model("phi3", **{k: v for k, v in shown.items() if k != "model_type"})
+    AutoModelForCausalLM.from_config(config).save_pretrained(ckpt)
+    (ckpt / "config.json").write_text(json.dumps(shown))
+    r = subprocess.run([sys.executable, "-m", "longctx", verb[0], str(ckpt), *verb[1:], "-o", str(tmp_path / "out")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and r.stdout == "", (r.stdout, r.stderr)
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert ("LongRoPE-scaled" in r.stderr or "'longrope'" in r.stderr) and remedy in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()

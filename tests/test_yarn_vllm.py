@@ -27,7 +27,7 @@ def test_vllm_yarn_cos_sin_cache_matches_reference(factor, base, orig, head_dim)
     from vllm.model_executor.layers.rotary_embedding import get_rope
 
     cfg = apply_yarn({"model_type": "qwen3", "max_position_embeddings": orig, "rope_theta": base,
-                      "rope_scaling": None}, factor).config
+                      "rope_scaling": None}, factor, config_format="v5").config
     with set_current_vllm_config(VllmConfig()):
         rope = get_rope(head_dim, cfg["max_position_embeddings"], True, cfg["rope_parameters"], torch.float32)
     cache = rope.cos_sin_cache

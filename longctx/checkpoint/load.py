@@ -8,8 +8,10 @@ load report and raise, far from the cause.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,23 @@ def check_remote_code(path: str | os.PathLike, what: str, classes: str | None, t
                            f"only with {ref('trust_remote_code')}: read that code first")
 
 
+@contextlib.contextmanager
+def transformers_quiet() -> Iterator[None]:
+    """Within it transformers logs errors only and Python warnings are not shown: what it says while it builds a
+    config, or a model on the meta device (keys it does not know that vLLM reads, token ids, defaults it fills
+    in) would repeat at every load, or come before a refusal that longctx words itself."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
 def known_model_type(model_type: Any) -> bool:
     """Whether transformers has a config class of its own (or longctx's gated family) for `model_type`."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -75,8 +94,7 @@ def model_config(path: str | os.PathLike, config: dict[str, Any] | None = None, 
         classes = remote_code(raw.get("auto_map"), known_model_type(raw.get("model_type")))
         check_remote_code(path, "config", classes, trust_remote_code)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with transformers_quiet():
             if config is None or trust_remote_code:
                 built = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
                 if config is None:
@@ -118,13 +136,11 @@ def check_weight_shapes(path: str | os.PathLike, config: Any, trust_remote_code:
     import torch
     from transformers import AutoModelForCausalLM
 
-
     stored = safetensors_shapes(path)
     if not stored:
         return
     try:
-        with torch.device("meta"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with torch.device("meta"), transformers_quiet():
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     except (ValueError, KeyError) as e:
         raise InputError(f"checkpoint '{path}': transformers has no causal LM for this config ({exception_line(e)})"

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from longctx.checkpoint.config_keys import check_config_types, is_int, is_number, shown
-from longctx.checkpoint.load import model_config
+from longctx.checkpoint.load import model_config, transformers_quiet
 from longctx.checkpoint.rope_settings import TYPES_WITH_ORIGINAL, RopeSettings
 from longctx.checkpoint.rotary import BuiltRope, built_rope, rope_differences
 from longctx.checkpoint.yarn_reference import yarn_attention_scaling, yarn_longrope_factors
@@ -52,17 +52,22 @@ BASE_KEYS = {"gpt_neox": "rotary_emb_base", "gpt_neox_japanese": "rotary_emb_bas
              "modernbert_decoder": "global_rope_theta"}
 
 
-def _class_default(model_type: str | None, name: str) -> Any:
-    """The class-level default of field `name` in this model type's transformers config class (None when
-    transformers knows no such type or the class has no such field)."""
+def _config_class(model_type: Any) -> Any:
+    """transformers' config class of `model_type` (None when it knows no such type)."""
     if not model_type:
         return None
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     try:
-        return getattr(CONFIG_MAPPING[model_type], name, None)
+        return CONFIG_MAPPING[model_type]
     except KeyError:
         return None
+
+
+def _class_default(model_type: str | None, name: str) -> Any:
+    """The class-level default of field `name` in this model type's transformers config class (None when
+    transformers knows no such type or the class has no such field)."""
+    return getattr(_config_class(model_type), name, None)
 
 
 def _default_theta(model_type: str | None) -> float | None:
@@ -239,16 +244,47 @@ def parse_rope(cfg: dict[str, Any], rope: dict[str, Any], fmt: str, source: str 
     return settings
 
 
-def write_rope(cfg: dict[str, Any], rope: RopeSettings, config_format: ConfigFormat = "v5") -> dict[str, Any]:
+def stored_form(cfg: dict[str, Any]) -> ConfigFormat:
+    """The form of the RoPE keys of config.json dict `cfg`: "v5" (`rope_parameters`), "v4" (the base key and
+    `rope_scaling`), "both"; a config with neither (its class default applies) counts as both, so that what is
+    written from it reaches every reader that read it."""
+    v5 = isinstance(cfg.get("rope_parameters"), dict) and bool(cfg["rope_parameters"])
+    v4 = base_key(cfg.get("model_type")) in cfg or "rope_scaling" in cfg
+    return "both" if v5 == v4 else "v5" if v5 else "v4"
+
+
+def _head_dim_left_none(cfg: dict[str, Any]) -> int | None:
+    """hidden_size // num_attention_heads where config.json has no head_dim and the model type's config class
+    leaves it None (MixtralConfig, MiniMaxConfig; MinistralConfig and the Hunyuan configs too), else None. Their
+    attention then rotates that many dimensions, but transformers' dynamic, yarn and longrope initialisers read
+    `getattr(config, "head_dim", hidden_size // num_attention_heads)`, which is None there
+    (modeling_rope_utils.py @ 5.19): written out, every initialiser sizes the RoPE as the attention does."""
+    heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
+    cls = _config_class(cfg.get("model_type"))
+    if cfg.get("head_dim") is not None or not (is_int(heads) and is_int(hidden) and heads > 0) or cls is None:
+        return None
+    if not hasattr(cls, "head_dim") or cls.head_dim is not None:
+        return None
+    try:  # a class may fill it in from hidden_size and num_attention_heads (LlamaConfig does)
+        with transformers_quiet():
+            built = cls(hidden_size=hidden, num_attention_heads=heads)
+    except Exception:  # noqa: BLE001 - a class that wants more to build: check_written_rope builds the config
+        return None
+    return hidden // heads if getattr(built, "head_dim", 0) is None else None
+
+
+def write_rope(cfg: dict[str, Any], rope: RopeSettings, config_format: ConfigFormat | None = None) -> dict[str, Any]:
     """A copy of `cfg` whose RoPE fields and max_position_embeddings say exactly `rope`.
 
     Every old RoPE field is removed first (a stale top-level `original_max_position_embeddings` would
     override the dict in transformers 5 and vLLM). It is written again, equal to the dict's, where the
-    model's config class has it as a field (Phi3Config), whose default would otherwise win. "v5" is what the
-    pinned transformers writes; "v4" is for transformers 4.x readers (the base under the key the model type's
-    config class reads, `BASE_KEYS`); "both" writes both (they agree). `rope.stored_type` is the rope_type
-    written (LongRoPE form of YaRN).
+    model's config class has it as a field (Phi3Config), whose default would otherwise win. `config_format`
+    [default: the form `cfg` has, `stored_form`]: "v5" is what the pinned transformers writes; "v4" is for
+    transformers 4.x readers (the base under the key the model type's config class reads, `BASE_KEYS`); "both"
+    writes both (they agree). `rope.stored_type` is the rope_type written (LongRoPE form of YaRN). A scaled RoPE
+    of a config whose class leaves head_dim None gets head_dim written (`_head_dim_left_none`).
     """
+    config_format = config_format or stored_form(cfg)
     out = copy.deepcopy(cfg)
     base = base_key(cfg.get("model_type"))
     for key in ("rope_parameters", "rope_scaling", "rope_theta", "original_max_position_embeddings", base):
@@ -260,6 +296,9 @@ def write_rope(cfg: dict[str, Any], rope: RopeSettings, config_format: ConfigFor
             and _class_original(cfg.get("model_type")) is not None):
         out["original_max_position_embeddings"] = int(rope.original_max_position_embeddings)
     params = rope_dict(rope)
+    head_dim = _head_dim_left_none(cfg) if rope_type != "default" else None
+    if head_dim is not None:
+        out["head_dim"] = head_dim
     if config_format in ("v5", "both"):
         out["rope_parameters"] = params
     if config_format in ("v4", "both"):
@@ -293,7 +332,7 @@ def reference_params(rope: RopeSettings) -> dict[str, Any]:
 
 
 def set_rope_base(cfg: dict[str, Any], base: float, max_length: int,
-                  config_format: ConfigFormat = "v5") -> tuple[dict[str, Any], RopeSettings]:
+                  config_format: ConfigFormat | None = None) -> tuple[dict[str, Any], RopeSettings]:
     """The config half of `extend`: a new RoPE base (ABF) and maximum length.
 
     A position-independent scaling (llama3, linear, dynamic; proportional's partial rotation) is kept as it is, with
@@ -383,11 +422,7 @@ def check_written_rope(written: str | os.PathLike | dict[str, Any], expected: Ro
 def _built_config(written: Path | dict[str, Any], checkpoint: str | os.PathLike | None, trust_remote_code: bool,
                   label: str, what: str) -> Any:
     """The config transformers builds from the folder or config.json dict `written` (a dict by the config class
-    of `checkpoint`), its warnings silenced: unknown keys vLLM reads and token ids would repeat at every load."""
-    from transformers.utils import logging as hf_logging
-
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
+    of `checkpoint`)."""
     try:
         if isinstance(written, Path):
             return model_config(written, trust_remote_code=trust_remote_code)
@@ -398,8 +433,6 @@ def _built_config(written: Path | dict[str, Any], checkpoint: str | os.PathLike 
             raise  # longctx's own refusal (code the checkpoint ships, not trusted): it says what to do
         raise InputError(f"'{label}': transformers cannot build a config from what longctx wrote "
                          f"({exception_line(e.__context__)}); {what}") from None
-    finally:
-        hf_logging.set_verbosity(verbosity)
 
 
 def _read_back_differently(built: Any, expected: RopeSettings | Mapping[str, RopeSettings],

@@ -19,12 +19,12 @@ from __future__ import annotations
 import math
 import re
 import sys
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from longctx.checkpoint import yarn_reference as ref
+from longctx.checkpoint.load import transformers_quiet
 from longctx.core.errors import InputError, exception_line
 
 # Model types whose attention skips RoPE in some layers: (config, layer index) -> whether that layer applies
@@ -79,23 +79,16 @@ def meta_model(config: Any, trust_remote_code: bool = False):
     InputError with transformers' reason in one line when it builds none."""
     import torch
     from transformers import AutoModel, AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
 
     import longctx.models.gated_qwen3  # noqa: F401  (registers the gated family with the Auto classes)
 
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
     first = None
-    try:
-        for auto in (AutoModelForCausalLM, AutoModel):
-            try:
-                with torch.device("meta"), warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    return auto.from_config(config, trust_remote_code=trust_remote_code)
-            except Exception as e:  # noqa: BLE001 - any failure of the model's own constructor is the config's
-                first = first or e
-    finally:
-        hf_logging.set_verbosity(verbosity)
+    for auto in (AutoModelForCausalLM, AutoModel):
+        try:
+            with torch.device("meta"), transformers_quiet():
+                return auto.from_config(config, trust_remote_code=trust_remote_code)
+        except Exception as e:  # noqa: BLE001 - any failure of the model's own constructor is the config's
+            first = first or e
     raise InputError(f"transformers builds no model from this config ({exception_line(first)})")
 
 
@@ -140,8 +133,7 @@ def _on_cpu(cls: type, config: Any):
     import torch
 
     try:
-        with torch.device("cpu"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with torch.device("cpu"), transformers_quiet():
             return cls(config)
     except Exception:  # noqa: BLE001 - then the values are not known; the rest of the report still is
         return None
@@ -280,7 +272,6 @@ def _transformers_reference(kind: str, params: Mapping[str, Any], dim: int, max_
     """transformers' own initialiser of `kind` on a LlamaConfig that holds `params` and nothing of the family."""
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-    from transformers.utils import logging as hf_logging
 
     init = ROPE_INIT_FUNCTIONS.get(kind)
     if init is None:
@@ -288,14 +279,10 @@ def _transformers_reference(kind: str, params: Mapping[str, Any], dim: int, max_
     # `dim` counts the rotated dimensions, except for proportional RoPE, which spreads its frequencies over the
     # whole head and zeroes the rest (`_compute_proportional_rope_parameters`)
     rope = {k: v for k, v in params.items() if k != "partial_rotary_factor" or kind == "proportional"}
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
+    with transformers_quiet():
         plain = LlamaConfig(hidden_size=dim, num_attention_heads=1, head_dim=dim, num_hidden_layers=1,
                             max_position_embeddings=max_pos or 2048, rope_parameters=dict(rope))
         inv, scaling = init(plain, "cpu")
-    finally:
-        hf_logging.set_verbosity(verbosity)
     return inv.float(), float(scaling)
 
 

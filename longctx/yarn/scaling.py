@@ -209,7 +209,7 @@ def apply_yarn(cfg: dict[str, Any], factor: float, *, original: int | None = Non
     (yarn, llama3, linear, dynamic, longrope) needs `rescale`, which replaces its scaling with YaRN from that
     length, keeping rope_theta and dropping the old type's own keys (listed in the notes; `yarn_rope`). A config
     with per-layer-type RoPE gets YaRN in the layer types that see the whole sequence, the others kept, in its
-    own form [`config_format` default: that form; v5 for one RoPE for all layers]. The config is built back with
+    own form [`config_format` default: the form the config has, `stored_form`]. The config is built back with
     transformers, its rotary module included (`check_written_rope`, messages naming `label`; `checkpoint`, the
     source folder, and `trust_remote_code` for a config class the checkpoint ships); for the architectures of
     `YARN_AS_LONGROPE` YaRN is written in LongRoPE form.
@@ -222,7 +222,7 @@ def apply_yarn(cfg: dict[str, Any], factor: float, *, original: int | None = Non
     if layers is not None:
         return _yarn_layers(cfg, layers, ask, config_format, label, check)
     new, notes = yarn_rope(read_rope(cfg), ask)
-    config = write_rope(cfg, new, config_format or "v5")
+    config = write_rope(cfg, new, config_format)
     try:
         built = check_written_rope(config, new, label, **check)
     except InputError:
@@ -230,7 +230,7 @@ def apply_yarn(cfg: dict[str, Any], factor: float, *, original: int | None = Non
             raise
         _check_longrope_sizes(cfg, label)
         new = yarn_longrope_form(cfg, new)
-        config = write_rope(cfg, new, config_format or "v5")
+        config = write_rope(cfg, new, config_format)
         built = check_written_rope(config, new, label, **check)
         notes.append(f"transformers' {cfg['model_type']} config class does not keep rope_type 'yarn', so YaRN is "
                      "written as LongRoPE: short_factor = long_factor = YaRN's per-pair factors, attention_factor = "

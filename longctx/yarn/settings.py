@@ -36,7 +36,7 @@ class YarnSettings(Settings):
     config_format: str | None = setting(
         None, Choice(CONFIG_FORMATS, "config format"),
         "v5: rope_parameters (transformers 5); v4: rope_theta + rope_scaling (a per-layer RoPE: the family's "
-        "transformers-4 keys); both [default: v5; a per-layer RoPE keeps the form it has].")
+        "transformers-4 keys); both [default: the form the checkpoint has].")
     trust_remote_code: bool = trust_remote_code_setting()
 
     def output_path(self) -> str | None:
