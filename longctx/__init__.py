@@ -11,8 +11,10 @@ other, and nothing imports the CLI (tests/test_layers.py checks it):
     core        errors, units, atomic files, hashing, timestamps, setting kinds, the settings base
     models      the gated-attention family for transformers and vLLM     (ruler_tasks sits here too:
                                                                           the RULER generators, a leaf)
-    checkpoint  checkpoint folders: config and RoPE, fingerprints, side files, provenance, loaders
-    data        text documents from data specs, the synthetic corpora
+    checkpoint  checkpoint folders: configs (a composite one's language model), fingerprints, side files,
+                provenance, loaders
+    rope        RoPE: one record per type, reading and writing it in config.json, what transformers builds
+    data, info  text documents from data specs, the synthetic corpora; what a checkpoint is (`info`)
     stages      checkpoint -> checkpoint: init, convert, yarn, extend; prompts -> predictions -> scores:
                 eval; checkpoint -> measurements: sinks. Each has a settings type (`<stage>/settings.py`).
     report      result files -> tables and plots (compare, sinks tables, loss curves); runs no model

@@ -1,8 +1,8 @@
 """RULER task generators.
 
-The 13 standard RULER tasks (NVIDIA/RULER @ c3f5e3b), byte-identical to upstream for the same tokenizer,
-seed, length and data, with exact but much cheaper token counting. Entry point:
-`ruler_tasks.prepare.prepare(...)`; task registry: `ruler_tasks.registry.TASKS`.
+RULER's standard task set (NVIDIA/RULER @ c3f5e3b, `scripts/synthetic.yaml`), byte-identical to upstream for the
+same tokenizer, seed, length and data, with exact but much cheaper token counting. Entry point:
+`ruler_tasks.prepare.prepare(...)`; the tasks and generators as data: `ruler_tasks.registry`.
 """
 
 from ruler_tasks.errors import RulerInputError

@@ -31,9 +31,6 @@ from ruler_tasks.counting import TokenCounter, backend_of
 from ruler_tasks.data import DataSource, load_source
 from ruler_tasks.registry import get_task
 
-_MODULES = {"niah": "niah", "variable_tracking": "variable_tracking", "common_words_extraction": "common_words",
-            "freq_words_extraction": "freq_words", "qa": "qa"}
-
 
 class Stopped(Exception):
     """The call a job belongs to has stopped (another job failed, or it was interrupted)."""
@@ -118,7 +115,7 @@ class Maker:
         ctx = GenContext(spec.name, dict(spec.args), job.length, i.samples, i.seed, self.counter, i.template,
                          spec.tokens_to_generate, {n: self._source(n) for n in spec.needs},
                          english_words=i.words)
-        records = importlib.import_module(f"ruler_tasks.{_MODULES[spec.generator]}").generate(ctx)
+        records = importlib.import_module(f"ruler_tasks.{spec.generator.module}").generate(ctx)
         h = hashlib.sha256()
         n, t_first = 0, None
         with open_atomic(i.out / job.rel) as f:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import os
 import shutil
 import warnings
@@ -267,8 +268,6 @@ def _write_tasks(i: _Inputs, out: Path, request: str, origins: dict[str, str], p
     """The task files of `i` in `out` (locked by the caller): the manifest's own when it answered this very
     `request` and every file is intact, else each reused or generated; the data each needs loaded and checked
     first."""
-    from ruler_tasks.qa import check_samples
-
     rels = [f"{L}/{s.name}.jsonl" for L in i.lengths for s in i.specs]
     manifest = _read_manifest(out)
     if manifest.get("request") == request and _intact(out, manifest, rels):
@@ -278,10 +277,10 @@ def _write_tasks(i: _Inputs, out: Path, request: str, origins: dict[str, str], p
                              [TaskTiming(s.name, L, i.samples, 0.0, 0.0, True) for L in i.lengths for s in i.specs],
                              manifest)
     data = {n: load_source(n, o) for n, o in origins.items()}
-    for spec in i.specs:
-        if spec.generator == "qa":
-            check_samples(spec.name, spec.args["dataset"], data[spec.args["dataset"]].obj, i.samples,
-                          spec.args.get("pre_samples", 0))
+    for spec in i.specs:  # what a generator must check of its data before any file is made (QA: enough questions)
+        check = getattr(importlib.import_module(f"ruler_tasks.{spec.generator.module}"), "check_data", None)
+        if check is not None:
+            check(spec, data, i.samples)
     if on_checked is not None:
         on_checked()
     new = _first_missing(out)
@@ -352,7 +351,7 @@ def _generate(i: _Inputs, *, data: dict[str, Any], out: Path, manifest: dict, pr
                 "samples": i.samples, "seed": i.seed, "template": i.mtemplate.describe(), "tokenizer": i.fp,
                 "data": {n: data[n].sha256 for n in spec.needs},
                 "wonderwords": wonderwords_version(), "punkt": PUNKT_SHA256,
-                "english_words": i.words_sha if spec.generator == "common_words_extraction" else None,
+                "english_words": i.words_sha if spec.generator.english_words else None,
             })
             entry = files.get(rel)
             if (entry and entry.get("key") == key and (out / rel).is_file()

@@ -22,6 +22,13 @@ def usable_questions(dataset: str, obj) -> int:
     return len(obj)
 
 
+def check_data(spec, data: dict, samples: int) -> None:
+    """What `prepare` runs before it writes anything (`ruler_tasks.registry.Generator`): the task's dataset has
+    the questions its samples need (`check_samples`)."""
+    dataset = spec.args["dataset"]
+    check_samples(spec.name, dataset, data[dataset].obj, samples, spec.args.get("pre_samples", 0))
+
+
 def check_samples(task: str, dataset: str, obj, num_samples: int, pre_samples: int = 0) -> None:
     """RulerInputError when the data has fewer questions than the samples asked for (`prepare` asks before it
     writes anything)."""

@@ -27,8 +27,11 @@ Measured 2026-12-05, 2-core CPU (AMD EPYC, AVX-512 BF16, no AMX), torch 2.13 CPU
        2048   float32  extend 102.5 tok/s  bare 101.5 tok/s  ratio 1.010  (19.98 vs 20.18 s a step)
        2048  bfloat16  extend 151.8 tok/s  bare 152.4 tok/s  ratio 0.996  (13.49 vs 13.44 s a step)
     bfloat16 / float32: extend 1.48x, bare 1.50x; outside forward/backward/optimizer 0.01%; ratio=0.996
-(Before extend's loss made its gradients in the forward it was 0.925 in float32.) At 8k a step takes ~135 s in
-float32, so the same command with --lengths 8k takes about 20 minutes.
+(Before extend's loss made its gradients in the forward it was 0.925 in float32.) The same at 8k, --steps 2
+(27 min; the float32 extend side shared the cores with 116 CPU-s of other work, the rest ran alone):
+       8192   float32  extend 37.7 tok/s  bare 37.8 tok/s  ratio 0.996  (217.5 vs 216.7 s a step; RSS 6.3 vs 11.4 GB)
+       8192  bfloat16  extend 50.3 tok/s  bare 49.3 tok/s  ratio 1.020  (162.9 vs 166.2 s a step; RSS 7.1 vs 9.6 GB)
+    outside forward/backward/optimizer 0.03%; ratio=0.996
 
 The last line is `ratio=<extend tokens/s / bare tokens/s>`, the worst over lengths and dtypes (>= 0.95 meets the
 target).

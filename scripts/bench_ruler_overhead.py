@@ -92,9 +92,9 @@ def _engine_length(ckpt: Path, lengths: list[int]) -> int:
     """The max_model_len `run_ruler` starts its engine with (longctx.eval.runner._open_run): the longest length plus
     the special tokens the tokenizer adds, at most the checkpoint's context; checked against the warm-up run's."""
     from longctx.checkpoint.directory import read_config
-    from longctx.checkpoint.rope import read_rope
     from longctx.core.special_tokens import special_tokens_added
     from longctx.eval.tasks import load_task_tokenizer
+    from longctx.rope.config import read_rope
 
     need = max(lengths) + special_tokens_added(load_task_tokenizer(ckpt, False))
     ctx = read_rope(read_config(ckpt)).context_length
@@ -151,10 +151,10 @@ def main() -> None:
     args = ap.parse_args()
 
     from longctx.checkpoint.directory import read_config
-    from longctx.checkpoint.rope import read_rope
-    from longctx.checkpoint.rope_settings import check_context
     from longctx.core.errors import InputError, SettingError
     from longctx.eval.settings import RulerRunSettings
+    from longctx.rope.config import read_rope
+    from longctx.rope.settings import check_context
     from ruler_tasks.errors import RulerInputError
     from ruler_tasks.registry import TASKS, resolve_tasks
 

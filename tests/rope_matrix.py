@@ -16,7 +16,7 @@ with the oracle the tests hold longctx to, written apart from longctx's own code
 - `rope_inv_freq` / `yarn_inv_freq`: RoPE's frequencies from its parameters in float64, after the papers
   (RoPE: Su et al. arXiv 2104.09864; position interpolation: Chen et al. arXiv 2306.15595; YaRN: Peng et al.
   arXiv 2309.00071 §3.2-3.4, with DeepSeek-V2's mscale / mscale_all_dim, arXiv 2405.04434 and its
-  modeling_deepseek.py `yarn_get_mscale`), not longctx.checkpoint.yarn_reference (which longctx itself uses to
+  modeling_deepseek.py `yarn_get_mscale`), not longctx.rope.reference (which longctx itself uses to
   write LongRoPE-form YaRN), so a mistake shared by longctx's writer and its reference cannot pass.
 - `render_architecture_table()`: the architecture table of docs/architectures.md, from the matrix.
 """
@@ -241,13 +241,21 @@ def _quiet():
         hf_logging.set_verbosity(level)
 
 
+def model_class(config):
+    """The Auto class of the model that generates text of `config`: the causal LM, or of a composite model that
+    transformers has none for (Mistral-3), its image-text-to-text model."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    return AutoModelForCausalLM if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING else AutoModelForImageTextToText
+
+
 def build_on_meta(config):
-    """The causal-LM model of `config`, built on the meta device (no memory, no weights)."""
+    """The causal-LM model of `config` (`model_class`), built on the meta device (no memory, no weights)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     with _quiet(), torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
+        return model_class(config).from_config(config)
 
 
 # --- the Hub layouts ------------------------------------------------------------------------------------------
@@ -266,6 +274,31 @@ HUB_LAYOUTS: dict[str, tuple[str, dict[str, Any]]] = {
         "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "rope_local_base_freq": 10000.0,
         "sliding_window": SLIDING_WINDOW, "sliding_window_pattern": 2, "query_pre_attn_scalar": 64,
         "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True}),
+    # google/gemma-3-4b-it as shipped: the language model nested in `text_config` (v4 keys, linear x8 on the
+    # global layers), a SigLIP vision tower (shrunk) beside it; Llama-4, Mistral-3, Qwen2.5-VL nest theirs alike
+    "gemma3-vlm-hub": ("Gemma-3 (vision-language)", {
+        "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+        "text_config": {k: v for k, v in {
+            **_HUB_SHAPE, "model_type": "gemma3_text", "max_position_embeddings": 8 * TRAINED_LENGTH,
+            "rope_theta": 1000000.0, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+            "rope_local_base_freq": 10000.0, "sliding_window": SLIDING_WINDOW, "sliding_window_pattern": 2,
+            "query_pre_attn_scalar": 64}.items() if k not in ("architectures", "tie_word_embeddings", "torch_dtype")},
+        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 64, "intermediate_size": 64,
+                          "num_hidden_layers": 1, "num_attention_heads": 1, "image_size": 28, "patch_size": 14,
+                          "vision_use_head": False},
+        "mm_tokens_per_image": 4, "boi_token_index": 3, "eoi_token_index": 4, "image_token_index": 5,
+        "bos_token_id": 1, "eos_token_id": [2], "pad_token_id": 0, "torch_dtype": "float32"}),
+    # mistralai/Mistral-Small-3.1-24B-Instruct-2503 (Ministral-3 alike): Mistral nested in `text_config` (v4: base
+    # 1e9), a Pixtral vision tower; transformers has no causal LM of it, its image-text-to-text model takes text
+    "mistral3-vlm-hub": ("Mistral-3 (vision-language)", {
+        "architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
+        "text_config": {**{k: v for k, v in _HUB_SHAPE.items() if k not in ("architectures", "torch_dtype")},
+                        "model_type": "mistral", "max_position_embeddings": TRAINED_LENGTH, "rope_theta": 1e9,
+                        "sliding_window": None},
+        "vision_config": {"model_type": "pixtral", "hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 1,
+                          "num_attention_heads": 1, "head_dim": 64, "image_size": 56, "patch_size": 14},
+        "image_token_index": 10, "spatial_merge_size": 2, "multimodal_projector_bias": False,
+        "projector_hidden_act": "gelu", "vision_feature_layer": -1, "torch_dtype": "float32"}),
     # EleutherAI/pythia-*: GPT-NeoX's own keys for the base and the rotated share of each head
     "gpt_neox-hub": ("Pythia / GPT-NeoX", {
         **{k: v for k, v in _HUB_SHAPE.items() if k not in ("num_key_value_heads", "head_dim")},
@@ -333,6 +366,12 @@ class MatrixEntry:
     hub: dict[str, Any] | None = None
     resaved: bool = False
     dropped: tuple[str, ...] = ()  # keys left out of the config.json transformers saves (and the same weights)
+
+    @property
+    def text_model_type(self) -> str:
+        """The model type of its language model (of a composite Hub layout: its `text_config`'s)."""
+        text = (self.hub or {}).get("text_config")
+        return text["model_type"] if isinstance(text, dict) else self.model_type
 
 
 @lru_cache(maxsize=1)
@@ -415,7 +454,6 @@ def write_entry(entry: MatrixEntry, out: Path, tokenizer_dir: Path, weights_from
     from its config (`weights_from`: a checkpoint of the same model whose weights are linked instead), config.json
     as transformers saves it (or the Hub layout's own), and the tokenizer files of `tokenizer_dir` (linked)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     config = entry_config(entry)
     out.mkdir(parents=True)
@@ -428,7 +466,7 @@ def write_entry(entry: MatrixEntry, out: Path, tokenizer_dir: Path, weights_from
         assert size <= MAX_PARAMETERS, f"{entry.name}: {size} parameters is not tiny; shrink it in OVERRIDES"
         torch.manual_seed(0)
         with _quiet():
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+            model = model_class(config).from_config(config, dtype=torch.float32).eval()
             model.save_pretrained(out)
     if entry.hub is not None and not entry.resaved:
         (out / "config.json").write_text(json.dumps(entry.hub, indent=2))
@@ -670,9 +708,15 @@ def mla_softmax_scale(qk_head_dim: int, rope: dict[str, Any]) -> float:
 _V4_BASE_KEYS = {"gpt_neox": "rotary_emb_base"}
 
 
+def language_model_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The language model's config of a composite config.json dict (its `text_config`), else `cfg`."""
+    return cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg
+
+
 def config_form(cfg: dict[str, Any]) -> str:
-    """Which RoPE keys config.json dict `cfg` has: "v5" (`rope_parameters`), "v4" (the base key and/or
-    `rope_scaling`), "both", or "none"."""
+    """Which RoPE keys config.json dict `cfg` has (of a composite one: its language model's): "v5"
+    (`rope_parameters`), "v4" (the base key and/or `rope_scaling`), "both", or "none"."""
+    cfg = language_model_config(cfg)
     v5 = bool(cfg.get("rope_parameters"))
     v4 = _V4_BASE_KEYS.get(cfg.get("model_type"), "rope_theta") in cfg or "rope_scaling" in cfg
     return {(True, True): "both", (True, False): "v5", (False, True): "v4", (False, False): "none"}[(v5, v4)]
@@ -682,7 +726,9 @@ def v4_reader(cfg: dict[str, Any]) -> dict[str, Any]:
     """The RoPE a reader that knows only the transformers-4 keys sees in config.json dict `cfg` (transformers
     4.x config classes; llama.cpp's convert_hf_to_gguf.py reads `rope_theta` and `rope_scaling` the same way):
     the base under the family's key, the scaling in `rope_scaling` (`rope_type`, or `type` as older configs
-    say), max_position_embeddings. `rope_parameters` it does not know."""
+    say), max_position_embeddings; of a composite config, in its `text_config`. `rope_parameters` it does not
+    know."""
+    cfg = language_model_config(cfg)
     scaling = cfg.get("rope_scaling") or {}
     return {"base": cfg.get(_V4_BASE_KEYS.get(cfg.get("model_type"), "rope_theta")),
             "rope_type": scaling.get("rope_type") or scaling.get("type") or "default",
@@ -761,6 +807,13 @@ _HUB_ROWS: dict[str, tuple[str, str, str, str]] = {
                  "`sliding_window_pattern`"), "each layer type, local base",
                    "`--rescale`: YaRN in the global layers, written back as `rope_scaling`; local base kept",
                    "new base in the global layers (linear x8 kept); local base kept"),
+    "Gemma-3 (vision-language)": ("as Gemma-3's, in `text_config`; a vision tower beside it",
+                                  "the language model's, each layer type",
+                                  "as Gemma-3's, in `text_config`; the rest of config.json as it was",
+                                  "as Gemma-3's, in `text_config`; the vision tower's weights as they were"),
+    "Mistral-3 (vision-language)": ("`rope_theta` 1e9 in `text_config`; a vision tower beside it", "base",
+                                    "YaRN in `text_config`; the rest of config.json as it was",
+                                    "new base in `text_config`"),
     "Pythia / GPT-NeoX": ("`rotary_emb_base` 50000, `rotary_pct` 0.25", "base 50000, 16 of 64 dimensions",
                      "YaRN over the rotated quarter, base 50000", "new base"),
     "DeepSeek-V2/V3 (MLA)": ("YaRN x40 in `rope_scaling` (`type`), `mscale` = `mscale_all_dim`",

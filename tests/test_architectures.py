@@ -61,7 +61,7 @@ def test_yarn_writes_a_config_transformers_loads_as_asked(name, yarned):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from longctx.checkpoint.describe import describe
+    from longctx.info.describe import describe
 
     d = describe(yarned[name])
     assert d.context_length == YARN_FACTOR * TRAINED_LENGTH
@@ -76,7 +76,7 @@ def test_yarn_writes_a_config_transformers_loads_as_asked(name, yarned):
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.slow
 def test_extend_trains_every_architecture(name, architecture_checkpoint, tmp_path):
-    from longctx.checkpoint.describe import describe
+    from longctx.info.describe import describe
 
     out = tmp_path / "ext"
     r = run("extend", architecture_checkpoint(name), "--rope-base", "1e5", "--seq-len", 2 * TRAINED_LENGTH,

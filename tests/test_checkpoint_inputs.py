@@ -279,7 +279,7 @@ def test_wrongly_typed_config_value_is_one_line_naming_file_key_and_type(key, va
 
 
 def test_read_rope_names_the_key_and_type():
-    from longctx.checkpoint.rope import read_rope
+    from longctx.rope.config import read_rope
 
     with pytest.raises(InputError, match=r"^'config.json': rope_scaling.factor must be a number > 0, got 'abc'$"):
         read_rope({"model_type": "qwen3", "max_position_embeddings": 256,

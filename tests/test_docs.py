@@ -308,3 +308,54 @@ def test_docs_cpu_serving_line_parses():
     assert argv[:3] == [".venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     for flag in ("--model", "--host", "--port", "--max-model-len"):
         assert flag in argv and not argv[argv.index(flag) + 1].startswith("--"), (flag, argv)
+
+
+_CODE_PATH = re.compile(r"`((?:longctx|tests|scripts|recipes|docs)/[\w/.-]+\.(?:py|md|yaml|json|toml))`")
+_MODULE = re.compile(r"`(longctx(?:\.\w+)+)`")
+# "`NAME` (`path`)", "`NAME` and `OTHER` (`path`)", "`NAME`, `OTHER` (`path`)": names said to be in that file
+_NAMED_IN = re.compile(r"((?:`[\w.]+`(?:,? and |, )?)+) \(`((?:longctx|tests|scripts)/[\w/.-]+\.py)`")
+
+
+def _module_file(dotted: str) -> Path | None:
+    """The file of a dotted name under longctx (a module, a package, or an attribute of one), None when none."""
+    parts = dotted.split(".")
+    for n in range(len(parts), 0, -1):
+        base = ROOT.joinpath(*parts[:n])
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.exists():
+                return candidate
+    return None
+
+
+# The pages that say where the code is: what they name must be there.
+CODE_MAPS = [ROOT / "docs" / "extending.md", ROOT / "docs" / "library.md"]
+
+
+def test_code_maps_name_only_files_and_code_that_exist():
+    """Every file, module and name the code maps point to is there: a path (`longctx/rope/types.py`), a module
+    (`longctx.rope.config`, or a name in one), and a name said to be in a file (`NAME` (`path`))."""
+    missing = []
+    for page in CODE_MAPS:
+        text = page.read_text(encoding="utf-8")
+        where = page.relative_to(ROOT)
+        for m in _CODE_PATH.finditer(text):
+            if not (ROOT / m.group(1)).exists():
+                missing.append(f"{where}: {m.group(1)} (no such file)")
+        for m in _MODULE.finditer(text):
+            dotted = m.group(1)
+            file = _module_file(dotted)
+            if file is None:
+                missing.append(f"{where}: {dotted} (no such module)")
+                continue
+            rest = dotted.split(".")[len(file.relative_to(ROOT).with_suffix("").parts) - (file.name == "__init__.py"):]
+            if rest and rest[0] not in file.read_text(encoding="utf-8"):
+                missing.append(f"{where}: {dotted} ({rest[0]} is not in {file.relative_to(ROOT)})")
+        for m in _NAMED_IN.finditer(text):
+            file = ROOT / m.group(2)
+            if not file.exists():
+                continue
+            source = file.read_text(encoding="utf-8")
+            for name in re.findall(r"`([\w.]+)`", m.group(1)):
+                if name.split(".")[0] not in source:
+                    missing.append(f"{where}: `{name}` is not in {m.group(2)}")
+    assert not missing, "\n".join(missing)

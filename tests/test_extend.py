@@ -70,7 +70,7 @@ def _weights(out: Path) -> dict[str, torch.Tensor]:
 def test_extend_trains_and_writes_a_longer_checkpoint(checkpoints, cache, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from longctx.checkpoint.rope import read_rope
+    from longctx.rope.config import read_rope
     from longctx.yarn.scaling import apply_yarn
 
     out = tmp_path / "ext"

@@ -14,10 +14,10 @@ from pathlib import Path
 import click
 import pytest
 
-from longctx.checkpoint.rope_settings import RopeSettings, yarn_command
 from longctx.cli.main import cli
 from longctx.core.errors import SettingError, ref
 from longctx.eval.settings import RulerRunSettings
+from longctx.rope.settings import RopeSettings, yarn_command
 from longctx.yarn.settings import YarnSettings
 
 ROOT = Path(__file__).resolve().parent.parent

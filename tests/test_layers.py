@@ -17,7 +17,8 @@ LAYERS = [
     ["longctx.models", "ruler_tasks"],
     ["longctx"],  # the package root: registers the gated family with transformers
     ["longctx.checkpoint"],
-    ["longctx.data"],
+    ["longctx.rope"],
+    ["longctx.data", "longctx.info"],
     ["longctx.init", "longctx.convert", "longctx.yarn", "longctx.extend", "longctx.eval", "longctx.sinks"],
     ["longctx.report"],
     ["longctx.recipe"],

@@ -14,14 +14,14 @@ import torch
 from transformers import AutoConfig, Qwen3Config
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from longctx.checkpoint.rope import read_rope, set_rope_base, write_rope
-from longctx.checkpoint.yarn_reference import (
+from longctx.core.errors import InputError
+from longctx.rope.config import read_rope, set_rope_base, write_rope
+from longctx.rope.reference import (
     rope_cos_sin,
     yarn_attention_scaling,
     yarn_correction_range,
     yarn_inv_freq,
 )
-from longctx.core.errors import InputError
 from longctx.yarn.scaling import apply_yarn
 
 QWEN3_LIKE = {  # what Qwen3 ships (transformers 4.x style): "rope_scaling": null, int base

@@ -6,7 +6,7 @@ and `extend`'s checks before training.
 
 The oracle is transformers' own rotary module of each family, built here from the written config
 (`Gemma3RotaryEmbedding`, `GPTNeoXRotaryEmbedding`, ... in transformers 5.19), and the independent YaRN formula
-is `longctx.checkpoint.yarn_reference` (Peng et al., arXiv 2309.00071). DeepSeek's softmax scale: transformers
+is `longctx.rope.reference` (Peng et al., arXiv 2309.00071). DeepSeek's softmax scale: transformers
 5.19 models/deepseek_v2/modeling_deepseek_v2.py `yarn_apply_mscale`.
 """
 
@@ -21,14 +21,14 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from longctx.checkpoint.yarn_reference import (
+from longctx.cli.main import cli
+from longctx.core.errors import InputError
+from longctx.rope.reference import (
     mla_softmax_multiplier,
     yarn_attention_factor,
     yarn_attention_scaling,
     yarn_inv_freq,
 )
-from longctx.cli.main import cli
-from longctx.core.errors import InputError
 
 _SHAPE = {"vocab_size": 1000, "hidden_size": 256, "intermediate_size": 256, "num_attention_heads": 4,
           "num_key_value_heads": 2, "head_dim": 64, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
@@ -265,7 +265,7 @@ def test_gemma3_without_rescale_names_its_global_layers(layouts):
 def test_a_flat_rope_written_onto_gemma3_is_refused_on_the_built_module(layouts):
     """The old `yarn` output: a flat yarn rope_parameters, which Gemma3TextConfig ignores (both layer types then
     compute plain RoPE). Its RoPE dict has the asked keys at the top; the rotary module says otherwise."""
-    from longctx.checkpoint.rope import RopeSettings, check_written_rope, write_rope
+    from longctx.rope.config import RopeSettings, check_written_rope, write_rope
 
     asked = RopeSettings("yarn", 1000000, 1024, factor=4.0, original_max_position_embeddings=256)
     with pytest.raises(InputError, match=r"^'config.json': the model transformers builds from it computes "
@@ -398,8 +398,8 @@ def test_yarn_on_cohere2_says_it_cannot_reach_the_full_layers(layouts, tmp_path)
 
 def test_built_rope_and_read_rope_layers_agree_with_the_oracle(layouts):
     from longctx.checkpoint.load import model_config
-    from longctx.checkpoint.rope_layers import read_rope_layers
-    from longctx.checkpoint.rotary import built_rope
+    from longctx.rope.built import built_rope
+    from longctx.rope.layers import read_rope_layers
 
     for name in ("gemma3-hub", "gemma3-v5"):
         cfg = json.loads((layouts[name] / "config.json").read_text())
@@ -477,7 +477,7 @@ def test_extend_refuses_what_it_cannot_write_before_the_first_step(gemma3_weight
 def test_extend_checks_the_built_module_before_training(gemma3_weights):
     """The check `extend` runs before training is on the rotary module: the flat base change the old `extend`
     wrote for Gemma-3 (which trained with the old base) is refused by it."""
-    from longctx.checkpoint.rope import check_written_rope, set_rope_base
+    from longctx.rope.config import check_written_rope, set_rope_base
 
     cfg = json.loads((gemma3_weights["hub"] / "config.json").read_text())
     flat, asked = set_rope_base(cfg, 2e6, 512, "v5")
@@ -513,8 +513,8 @@ def test_extend_says_the_new_base_cannot_reach_cohere2_full_layers(layouts, refe
 
 @pytest.mark.parametrize("at_main", [True, False])
 def test_suggested_yarn_command_names_the_hub_id(at_main, tmp_path):
-    from longctx.checkpoint.rope import read_rope
-    from longctx.checkpoint.rope_settings import check_context
+    from longctx.rope.config import read_rope
+    from longctx.rope.settings import check_context
 
     commit = "a" * 40
     repo = tmp_path / "hub" / "models--org--tiny"

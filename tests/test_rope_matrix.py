@@ -36,6 +36,7 @@ from rope_matrix import (
     excluded_model_types,
     extend_refusal,
     lane_params,
+    language_model_config,
     long_context_layer_type,
     mla_softmax_scale,
     rope_inv_freq,
@@ -63,7 +64,9 @@ _SCALING_KEYS = ("rope_type", "type", "factor", "original_max_position_embedding
 # GPTNeoXModel class in place: no transformers GPT-NeoX builds in the same process after it.)
 VLLM_SAMPLE = ["gemma3-hub", "cohere2-hub", "deepseek_v2-hub"]
 # Entries trained one real step by `extend` (the rest: its checks before training).
-EXTEND_SAMPLE = ["gemma3-hub", "gpt_neox-hub"]
+EXTEND_SAMPLE = ["gemma3-hub", "gpt_neox-hub", "gemma3-vlm-hub"]
+# The Hub layouts whose language model is nested in a composite config (`text_config`).
+COMPOSITE = [n for n in NAMES if entries()[n].hub is not None and "text_config" in entries()[n].hub]
 
 
 def run(*args):
@@ -182,7 +185,7 @@ def test_info_reports_per_layer_type_the_rope_transformers_builds(name, matrix):
     reported = {r["base"] for r in layers.values() if r["rope_layers"]}
     assert any(_close(d["rope_theta"], b) for b in reported), (name, d["rope_theta"], reported)
     # results.json and sinks.json record the same checkpoint (`model_info`, every measuring verb)
-    from longctx.checkpoint.describe import model_info
+    from longctx.info.describe import model_info
 
     assert model_info(path)["rope_type"] == d["rope_type"]
 
@@ -276,7 +279,7 @@ def test_yarn_writes_yarn_in_the_layers_that_see_the_whole_sequence(name, matrix
     src = matrix.path(name)
     r, out = yarned(name)
     before = oracle(src)
-    if yarn_refusal(entries()[name].model_type, before):
+    if yarn_refusal(entries()[name].text_model_type, before):
         assert r.exit_code == 2 and "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1, r.output
         assert not out.exists()
         return
@@ -310,9 +313,9 @@ def test_yarn_keeps_the_form_transformers_reads(name, matrix, yarned):
     config as it is (AutoConfig.from_pretrained)."""
     from transformers import AutoConfig
 
-    src, (r, out) = _config_json(matrix.path(name)), yarned(name)
+    src, (r, out) = language_model_config(_config_json(matrix.path(name))), yarned(name)
     assert r.exit_code == 0, r.output
-    cfg = _config_json(out)
+    cfg = language_model_config(_config_json(out))
     params = src.get("rope_parameters")
     if isinstance(params, dict) and any(isinstance(v, dict) for v in params.values()):
         assert set(cfg["rope_parameters"]) == set(params), cfg.get("rope_parameters")
@@ -357,6 +360,26 @@ def test_yarn_and_extend_write_the_form_the_input_had(name, matrix, yarned, tmp_
     if config_form(cfg) in ("v4", "both"):
         old = v4_reader(cfg)
         assert v4_reader(new_cfg) == {**old, "base": NEW_BASE, "max_position_embeddings": SEQ_LEN}, new_cfg
+
+
+@pytest.mark.parametrize("name", COMPOSITE)
+def test_yarn_changes_a_composite_config_in_its_language_model_only(name, matrix, yarned):
+    """The wrapper and the vision tower stay as they were: every key of config.json but `text_config` byte for
+    byte, in `text_config` only the RoPE keys, the length and head_dim, and the weights are the same files."""
+    src = matrix.path(name)
+    r, out = yarned(name)
+    assert r.exit_code == 0, r.output
+    before, after = _config_json(src), _config_json(out)
+    assert json.dumps({k: v for k, v in after.items() if k != "text_config"}) == json.dumps(
+        {k: v for k, v in before.items() if k != "text_config"})
+    rope_keys = {"rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings", "head_dim"}
+    changed = {k for k in {*before["text_config"], *after["text_config"]}
+               if before["text_config"].get(k) != after["text_config"].get(k)}
+    assert changed and changed <= rope_keys, changed
+    for f in src.glob("*.safetensors"):
+        assert (out / f.name).stat().st_ino == f.stat().st_ino
+    d = json.loads(run("info", out, "--json").output)
+    assert d["language_model"] == f"text_config ({entries()[name].text_model_type})", d["language_model"]
 
 
 def test_yarn_says_cohere2_full_layers_have_no_rope_to_scale(yarned):
@@ -428,6 +451,13 @@ def test_extend_trains_one_step_with_the_new_base(name, matrix, tmp_path):
             "--tokens-per-step", SEQ_LEN, "--cache-dir", tmp_path / "cache", "-o", out)
     assert r.exit_code == 0, r.output
     _check_rebased(name, oracle(src), oracle(out))
+    if name in COMPOSITE:  # training the language model leaves the vision tower's weights as they were
+        assert "extend trains its language model (text_config) on text" in r.output, r.output
+        from safetensors.torch import load_file
+
+        before, after = load_file(next(src.glob("*.safetensors"))), load_file(next(out.glob("*.safetensors")))
+        vision = [k for k in before if "language_model" not in k and "lm_head" not in k]
+        assert vision and all(torch.equal(before[k], after[k]) for k in vision), vision
 
 
 # --- vLLM ----------------------------------------------------------------------------------------------------
@@ -457,10 +487,12 @@ def test_vllm_and_transformers_agree_on_the_yarned_checkpoint(name, matrix, yarn
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["qwen2_moe-hub-saved", "gemma3-hub-saved", "deepseek_v2-hub-saved"])
+@pytest.mark.parametrize("name", ["qwen2_moe-hub-saved", "gemma3-hub-saved", "deepseek_v2-hub-saved",
+                                  "gemma3-vlm-hub", "mistral3-vlm-hub"])
 def test_ruler_and_sinks_run_on_what_transformers_saves(name, matrix, yarned, tmp_path):
     """The configs transformers writes itself (Qwen2-MoE's sliding_window 0, Gemma-3's per-layer-type RoPE,
-    DeepSeek's YaRN with mscale), YaRN-scaled, through `ruler` (hf) past the trained length and `sinks`."""
+    DeepSeek's YaRN with mscale) and the composite Hub layouts (a language model in `text_config` beside a vision
+    tower), YaRN-scaled, through `ruler` (hf) past the trained length and `sinks`."""
     from longctx.eval.runner import run_ruler
     from longctx.eval.settings import RulerRunSettings
     from longctx.report.run import write_report
@@ -483,8 +515,9 @@ VERBS = {
     "info": "every entry (test_info_reports_per_layer_type_the_rope_transformers_builds)",
     "yarn": "every entry (test_yarn_writes_yarn_in_the_layers_that_see_the_whole_sequence)",
     "extend": "every entry's checks before training; one step on EXTEND_SAMPLE",
-    "ruler": "hf, on the transformers-saved Qwen2-MoE, Gemma-3 and DeepSeek-V2, YaRN-scaled (slow)",
-    "sinks": "on the transformers-saved Qwen2-MoE, Gemma-3 and DeepSeek-V2 (slow)",
+    "ruler": "hf, on the transformers-saved Qwen2-MoE, Gemma-3 and DeepSeek-V2 and the composite Gemma-3 and "
+             "Mistral-3, YaRN-scaled (slow)",
+    "sinks": "on the transformers-saved Qwen2-MoE, Gemma-3 and DeepSeek-V2 and the composite ones (slow)",
 }
 EXEMPT = {
     "init": "writes its own Qwen3 presets, not a checkpoint of another architecture",

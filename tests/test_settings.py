@@ -11,7 +11,6 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from longctx.checkpoint.describe import InfoSettings
 from longctx.cli.main import cli
 from longctx.cli.options import settings_from_params
 from longctx.convert.settings import ConvertSettings
@@ -19,6 +18,7 @@ from longctx.core.errors import SettingError
 from longctx.core.kinds import Choice
 from longctx.eval.settings import PrepareSettings, RulerRunSettings
 from longctx.extend.settings import ExtendSettings
+from longctx.info.describe import InfoSettings
 from longctx.init.settings import InitSettings
 from longctx.recipe.load import load_recipe, parse_section
 from longctx.recipe.plan import plan

@@ -16,17 +16,17 @@ import torch
 from click.testing import CliRunner
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from longctx.checkpoint.rope import check_written_rope, read_rope, write_rope
-from longctx.checkpoint.rope_settings import check_context, yarn_command
-from longctx.checkpoint.yarn_reference import (
+from longctx.cli.main import cli
+from longctx.core.errors import InputError
+from longctx.rope.config import check_written_rope, read_rope, write_rope
+from longctx.rope.reference import (
     longrope_inv_freq,
     yarn_attention_scaling,
     yarn_extrapolation_share,
     yarn_inv_freq,
     yarn_longrope_factors,
 )
-from longctx.cli.main import cli
-from longctx.core.errors import InputError
+from longctx.rope.settings import check_context, yarn_command
 from longctx.yarn import scaling
 from longctx.yarn.scaling import apply_yarn, vllm_settings
 
@@ -298,7 +298,7 @@ def test_phi3_yarn_is_written_as_longrope_and_read_back_as_yarn(tmp_path):
     assert v4["rope_scaling"]["rope_type"] == "longrope" and read_rope(v4).rope_type == "yarn"
     # `longctx info` says what it is
     (tmp_path / "config.json").write_text(json.dumps(res.config))
-    from longctx.checkpoint.describe import describe
+    from longctx.info.describe import describe
 
     d = describe(tmp_path)
     assert (d.rope_type, d.yarn_factor, d.original_max_position_embeddings, d.context_length) == ("yarn", 4.0, 4096,

@@ -13,8 +13,8 @@ import torch
 from conftest import TINY_TRAINED_LENGTH, require_vllm
 from logprob_helpers import hf_prompt_logprobs, vllm_prompt_logprobs
 
-from longctx.checkpoint.rope import read_rope
-from longctx.checkpoint.yarn_reference import rope_cos_sin, yarn_attention_scaling, yarn_inv_freq
+from longctx.rope.config import read_rope
+from longctx.rope.reference import rope_cos_sin, yarn_attention_scaling, yarn_inv_freq
 from longctx.yarn.scaling import apply_yarn, vllm_settings, yarn_checkpoint
 from longctx.yarn.settings import YarnSettings
 
@@ -100,7 +100,7 @@ def replaced(tmp_path_factory, architecture_checkpoint):
 def _reference(name, rope_parameters, factor):
     """The reference inv_freq of the written RoPE: YaRN's, or for the LongRoPE form YaRN's factors evaluated
     the LongRoPE way (each pair's frequency within 1 fp32 ulp of YaRN's, checked here too)."""
-    from longctx.checkpoint.yarn_reference import longrope_inv_freq, yarn_longrope_factors
+    from longctx.rope.reference import longrope_inv_freq, yarn_longrope_factors
 
     base, n = rope_parameters["rope_theta"], TINY_TRAINED_LENGTH
     yarn = yarn_inv_freq(64, base, factor, n)

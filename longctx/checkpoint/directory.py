@@ -17,6 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from longctx.checkpoint.config_keys import check_config_types
 from longctx.checkpoint.hub import (
     TOKENIZER_PREFIXES,
     download_command,
@@ -26,7 +27,6 @@ from longctx.checkpoint.hub import (
     resolve_checkpoint,
 )
 from longctx.checkpoint.paths import check_code_inside
-from longctx.checkpoint.rope import check_config_types
 from longctx.checkpoint.tokenizer import embedding_rows
 from longctx.checkpoint.weights import (
     WEIGHT_SUFFIXES,

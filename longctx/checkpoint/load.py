@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from longctx.checkpoint.classes import known_model_type
+from longctx.checkpoint.text_config import built_text_config
 from longctx.checkpoint.weights import safetensors_shapes
 from longctx.core.errors import InputError, SettingError, exception_line, ref
 from longctx.core.files import json_object
@@ -64,15 +66,6 @@ def transformers_quiet() -> Iterator[None]:
         hf_logging.set_verbosity(verbosity)
 
 
-def known_model_type(model_type: Any) -> bool:
-    """Whether transformers has a config class of its own (or longctx's gated family) for `model_type`."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    import longctx.models.gated_qwen3  # noqa: F401  (registers the gated family with the Auto classes)
-
-    return isinstance(model_type, str) and model_type in CONFIG_MAPPING
-
-
 def model_config(path: str | os.PathLike, config: dict[str, Any] | None = None, trust_remote_code: bool = False):
     """The transformers config object of checkpoint `path` (of the config.json dict `config` when given), or
     InputError with transformers' reason in one line; code the checkpoint ships runs only with
@@ -119,8 +112,10 @@ def sliding_window(config: Any) -> dict[str, int] | None:
 
     transformers 5 normalises the families' own keys into `sliding_window` + `layer_types` (Qwen2/Qwen3 clear
     the window when use_sliding_window is false; Gemma-2/3 alternate layer types); a config with a window but
-    no layer types (Mistral) applies it to every layer, as transformers and vLLM do.
+    no layer types (Mistral) applies it to every layer, as transformers and vLLM do. Of a composite config: its
+    language model's.
     """
+    config = built_text_config(config)
     window = getattr(config, "sliding_window", None)
     layers = getattr(config, "num_hidden_layers", None)
     if not isinstance(window, int) or isinstance(window, bool) or window <= 0 or not isinstance(layers, int):
@@ -130,18 +125,40 @@ def sliding_window(config: Any) -> dict[str, int] | None:
     return {"window": window, "layers": sliding, "of": layers} if sliding else None
 
 
+def text_generation_class(config: Any) -> Any:
+    """The transformers Auto class that builds the model generating text of `config` from text alone:
+    AutoModelForCausalLM where it has the config's class (or the config's own code names one), else, for a
+    composite model it has no causal LM for (Mistral-3, Qwen2.5-VL: their language model nested in
+    `text_config`), AutoModelForImageTextToText, whose models take text without images; None when neither."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING,
+    )
+
+    auto_map = getattr(config, "auto_map", None) or {}
+    if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING or "AutoModelForCausalLM" in auto_map:
+        return AutoModelForCausalLM
+    if type(config) in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING or "AutoModelForImageTextToText" in auto_map:
+        return AutoModelForImageTextToText
+    return None
+
+
 def check_weight_shapes(path: str | os.PathLike, config: Any, trust_remote_code: bool = False) -> None:
     """InputError naming the first tensor whose shape in the checkpoint's safetensors headers differs from the
     model that the transformers `config` describes (tensors only one side has are not compared)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     stored = safetensors_shapes(path)
     if not stored:
         return
+    auto = text_generation_class(config)
+    if auto is None:
+        raise InputError(f"checkpoint '{path}': transformers has no model that generates text for its "
+                         f"{type(config).__name__} (no causal LM, no image-text-to-text model)")
     try:
         with torch.device("meta"), transformers_quiet():
-            model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+            model = auto.from_config(config, trust_remote_code=trust_remote_code)
     except (ValueError, KeyError) as e:
         raise InputError(f"checkpoint '{path}': transformers has no causal LM for this config ({exception_line(e)})"
                          ) from None
@@ -156,12 +173,12 @@ def check_weight_shapes(path: str | os.PathLike, config: Any, trust_remote_code:
 def load_model(path: str | os.PathLike, *, dtype: Any = "auto", device: str | None = None,
                attn_implementation: str | None = None, config: dict[str, Any] | None = None,
                trust_remote_code: bool = False):
-    """`AutoModelForCausalLM.from_pretrained(path)` in `dtype` ("auto": the checkpoint's; a name such as
-    "float32"; or a torch dtype) on `device`, with `attn_implementation` [default: transformers'], with
-    `config` (a config.json dict) instead of the checkpoint's own when given, running the code the checkpoint
-    ships only with `trust_remote_code`."""
+    """`AutoModelForCausalLM.from_pretrained(path)` (`text_generation_class`: of a composite model without one,
+    AutoModelForImageTextToText) in `dtype` ("auto": the checkpoint's; a name such as "float32"; or a torch
+    dtype) on `device`, with `attn_implementation` [default: transformers'], with `config` (a config.json dict)
+    instead of the checkpoint's own when given, running the code the checkpoint ships only with
+    `trust_remote_code`."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     check_device(device)
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else dtype
@@ -173,7 +190,7 @@ def load_model(path: str | os.PathLike, *, dtype: Any = "auto", device: str | No
     if config is not None:
         kwargs["config"] = built
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        model = text_generation_class(built).from_pretrained(path, **kwargs)
     except (OSError, ValueError, KeyError) as e:
         raise InputError(f"cannot load the model in '{path}': {exception_line(e)}") from None
     return model.to(device) if device is not None else model

@@ -14,12 +14,12 @@ import sys
 import click
 
 from longctx import __version__
-from longctx.checkpoint.describe import InfoSettings
 from longctx.cli.options import settings_command
 from longctx.convert.settings import ConvertSettings
 from longctx.core.errors import InputError
 from longctx.eval.settings import PrepareSettings, RulerRunSettings
 from longctx.extend.settings import ExtendSettings
+from longctx.info.describe import InfoSettings
 from longctx.init.settings import InitSettings
 from longctx.recipe.run import RunSettings
 from longctx.report.settings import CompareSettings, ExportSettings
@@ -72,7 +72,7 @@ def _echo_report(rep) -> None:
 def _info(s: InfoSettings) -> None:
     """Show a checkpoint's architecture, attention variant, RoPE setup, lengths, size and fingerprint."""
 
-    from longctx.checkpoint.describe import built_rope_text, describe, window_text
+    from longctx.info.describe import built_rope_text, describe, window_text
 
     d = dataclasses.asdict(describe(s.checkpoint, s.trust_remote_code))
     if s.json:
@@ -92,6 +92,8 @@ def _info(s: InfoSettings) -> None:
             ("context length", f"{d['context_length']} tokens (prompt + generation)"),
             ("sliding window", window_text(d["sliding_window"])), ("parameters", params),
             ("fingerprint", d["fingerprint"])]
+    if d["language_model"] is not None:
+        rows.insert(2, ("language model", f"{d['language_model']}: its RoPE, lengths and windows below"))
     if d["remote_code"] is not None:
         rows.insert(2, ("remote code", ", ".join(f"{k}: {v}" for k, v in d["remote_code"].items())))
     if d["hub"] is not None:
@@ -217,7 +219,7 @@ class _DefaultCommandGroup(click.Group):
 
 @cli.group(cls=_DefaultCommandGroup)
 def ruler():
-    """RULER: the 13 synthetic long-context tasks (NVIDIA/RULER @ c3f5e3b).
+    """RULER: NVIDIA's synthetic long-context tasks (NVIDIA/RULER @ c3f5e3b).
 
     \b
     Evaluate a checkpoint (same as 'longctx ruler run CKPT ...'):

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from longctx.checkpoint.directory import write_provenance
-from longctx.checkpoint.rope import check_written_rope, read_rope
 from longctx.convert.result import ConvertResult
 from longctx.convert.settings import ConvertSettings
 from longctx.core.errors import InputError, SettingError, exception_line, ref
 from longctx.core.files import CHECKPOINT_KIND, atomic_dir, check_output
 from longctx.core.hashing import sha256_file
+from longctx.rope.config import check_written_rope, read_rope
 
 SUFFIX = ".gguf"
 INSTALL = "reading GGUF files needs the gguf package: pip install 'longctx[gguf]'"

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from longctx.checkpoint.directory import checkpoint_dir, copy_side_files, read_config, write_provenance
-from longctx.checkpoint.rope import check_written_rope, read_rope
 from longctx.checkpoint.weights import weight_files
 from longctx.convert.result import ConvertResult
 from longctx.convert.settings import ConvertSettings
 from longctx.core.errors import InputError
 from longctx.core.files import CHECKPOINT_KIND, atomic_dir, check_output
 from longctx.models.variants import attention_variant, gate_flags
+from longctx.rope.config import check_written_rope, read_rope
 
 EXPECTED = ("expected the official gated-attention layout (QwQZh/gated_attention): config.json with model_type "
             "'qwen2' or 'qwen3' and the keys headwise_attn_output_gate and elementwise_attn_output_gate, and "
@@ -114,7 +114,7 @@ def official_config(src: Path, cfg: dict[str, Any], variant: str):
     params = {"rope_type": rope.rope_type, "rope_theta": rope.theta, **rope.extra}
     if rope.factor is not None:
         params["factor"] = rope.factor
-    if rope.original_max_position_embeddings is not None and rope.rope_type != "default":
+    if rope.original_max_position_embeddings is not None and rope.scaled:
         params["original_max_position_embeddings"] = rope.original_max_position_embeddings
     values["rope_parameters"] = params
     values["attention_bias"] = bool(cfg.get("qkv_bias", cfg.get("attention_bias", False)))

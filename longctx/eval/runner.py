@@ -25,10 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from longctx.checkpoint.describe import model_info, sliding_note
 from longctx.checkpoint.directory import checkpoint_dir, fingerprint, read_config, versions
-from longctx.checkpoint.rope import read_rope
-from longctx.checkpoint.rope_settings import check_context
 from longctx.core.errors import InputError, SettingError, ref
 from longctx.core.files import check_apart, json_object, write_json
 from longctx.core.hashing import hash_json, tokenizer_fingerprint
@@ -42,6 +39,9 @@ from longctx.eval.scoring import score_predictions
 from longctx.eval.settings import RulerRunSettings
 from longctx.eval.tasks import load_task_tokenizer
 from longctx.eval.thinking import THINK_END, answer_after_thinking
+from longctx.info.describe import model_info, sliding_note
+from longctx.rope.config import read_rope
+from longctx.rope.settings import check_context
 from ruler_tasks.constants import UPSTREAM_COMMIT
 from ruler_tasks.prepare import prepare
 from ruler_tasks.registry import resolve_tasks

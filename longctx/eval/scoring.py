@@ -14,11 +14,33 @@ The expressions below keep upstream's order of operations so the floats (and the
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 _NON_PRINTABLE = re.compile(r"[\x00-\x1f]")
-METRICS = ("string_match_all", "string_match_part")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A RULER metric: a sample's score from its hits (1.0 or 0.0 per reference, whether it is a case-insensitive
+    substring of the prediction), averaged over samples, x100, `round(, 2)`."""
+
+    name: str
+    per_sample: Callable[[list[float]], float]  # hits -> the sample's score in [0, 1]
+
+
+METRICS: dict[str, Metric] = {m.name: m for m in (
+    Metric("string_match_all", lambda hits: sum(hits) / len(hits)),  # the share of references found
+    Metric("string_match_part", max),  # any reference found (upstream's any-match, not lm-eval's fraction)
+)}
+
+
+def metric_of(name: str) -> Metric:
+    """The metric `name`; ValueError naming the known ones for any other."""
+    try:
+        return METRICS[name]
+    except KeyError:
+        raise ValueError(f"unknown metric '{name}' (known: {', '.join(METRICS)})") from None
 
 
 def postprocess_pred(predict_str: str) -> str:
@@ -26,32 +48,29 @@ def postprocess_pred(predict_str: str) -> str:
     return _NON_PRINTABLE.sub("\n", predict_str).strip()
 
 
-def string_match_all(preds: Sequence[str], refs: Sequence[Sequence[str]]) -> float:
-    score = sum([sum([1.0 if r.lower() in pred.lower() else 0.0 for r in ref]) / len(ref)
-                 for pred, ref in zip(preds, refs)]) / len(preds) * 100
+def _hits(pred: str, ref: Sequence[str]) -> list[float]:
+    return [1.0 if r.lower() in pred.lower() else 0.0 for r in ref]
+
+
+def _score(preds: Sequence[str], refs: Sequence[Sequence[str]], metric: Metric) -> float:
+    # upstream's order of operations, so the floats (and their rounding) agree
+    score = sum([metric.per_sample(_hits(pred, ref)) for pred, ref in zip(preds, refs)]) / len(preds) * 100
     return round(score, 2)
+
+
+def string_match_all(preds: Sequence[str], refs: Sequence[Sequence[str]]) -> float:
+    return _score(preds, refs, METRICS["string_match_all"])
 
 
 def string_match_part(preds: Sequence[str], refs: Sequence[Sequence[str]]) -> float:
-    score = sum([max([1.0 if r.lower() in pred.lower() else 0.0 for r in ref])
-                 for pred, ref in zip(preds, refs)]) / len(preds) * 100
-    return round(score, 2)
-
-
-_METRIC_FNS = {"string_match_all": string_match_all, "string_match_part": string_match_part}
+    return _score(preds, refs, METRICS["string_match_part"])
 
 
 def sample_scores(raw_preds: Sequence[str], refs: Sequence[Sequence[str]], metric: str) -> list[float]:
     """Each sample's score (0-100) under `metric`, post-processed as upstream: their mean is the task's score
     before rounding (what intervals and paired differences are computed from)."""
-    if metric not in _METRIC_FNS:
-        raise ValueError(f"unknown metric '{metric}' (known: {', '.join(METRICS)})")
-    out = []
-    for raw, ref in zip(raw_preds, refs):
-        pred = postprocess_pred(raw).lower()
-        hits = [1.0 if r.lower() in pred else 0.0 for r in ref]
-        out.append((sum(hits) / len(hits) if metric == "string_match_all" else max(hits)) * 100)
-    return out
+    m = metric_of(metric)
+    return [m.per_sample(_hits(postprocess_pred(raw), ref)) * 100 for raw, ref in zip(raw_preds, refs)]
 
 
 @dataclass(frozen=True)
@@ -63,12 +82,11 @@ class TaskScore:
 
 def score_predictions(raw_preds: Sequence[str], refs: Sequence[Sequence[str]], metric: str) -> TaskScore:
     """Score one (task, length): raw predictions and their reference lists, with upstream's metric."""
-    if metric not in _METRIC_FNS:
-        raise ValueError(f"unknown metric '{metric}' (known: {', '.join(METRICS)})")
+    m = metric_of(metric)
     if len(raw_preds) != len(refs):
         raise ValueError(f"{len(raw_preds)} predictions but {len(refs)} reference lists")
     preds = [postprocess_pred(p) for p in raw_preds]
     nulls = sum(len(p) == 0 for p in preds)
     if not preds:
         return TaskScore(None, 0, 0)
-    return TaskScore(_METRIC_FNS[metric](preds, refs), nulls, len(preds))
+    return TaskScore(_score(preds, refs, m), nulls, len(preds))

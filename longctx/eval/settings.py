@@ -20,7 +20,7 @@ from longctx.eval.backends import (
     registry_problems,
 )
 from ruler_tasks.errors import RulerInputError
-from ruler_tasks.registry import resolve_tasks
+from ruler_tasks.registry import TASK_NAMES, resolve_tasks
 from ruler_tasks.templates import TEMPLATE_NAMES
 
 
@@ -29,7 +29,7 @@ class RulerTaskSettings(Settings):
     """Which RULER task files to make (shared by `ruler prepare` and `ruler run`)."""
 
     lengths: list[int] = setting(REQUIRED, Lengths(), "Context lengths, e.g. 4k,8k,16k,32k,64k,128k (k/K = x1024).")
-    tasks: list[str] | None = setting(None, Names(), "Comma-separated task names [default: all 13].")
+    tasks: list[str] | None = setting(None, Names(), f"Comma-separated task names [default: all {len(TASK_NAMES)}].")
     samples: int = setting(500, Int(minimum=1), "Samples per task and length.")
     seed: int = setting(42, Int(), "Task generation seed.")
     template: str = setting("base", Choice(TEMPLATE_NAMES, "template"),

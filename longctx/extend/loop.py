@@ -26,12 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from longctx.checkpoint.describe import checkpoint_name, sliding_note
 from longctx.checkpoint.directory import checkpoint_dir, fingerprint, read_config
 from longctx.checkpoint.load import model_config, sliding_window
-from longctx.checkpoint.rope import check_written_rope, read_rope, set_rope_base
-from longctx.checkpoint.rope_layers import read_rope_layers, set_rope_base_layers
-from longctx.checkpoint.rotary import reach_notes
+from longctx.checkpoint.text_config import text_config_key
 from longctx.checkpoint.tokenizer import load_tokenizer, require_tokenizer_files
 from longctx.core.errors import InputError, ref
 from longctx.core.files import (
@@ -70,6 +67,10 @@ from longctx.extend.steps import (
     train_step,
 )
 from longctx.extend.throughput import model_flops
+from longctx.info.describe import checkpoint_name, sliding_note
+from longctx.rope.built import reach_notes
+from longctx.rope.config import check_written_rope, read_rope, set_rope_base
+from longctx.rope.layers import read_rope_layers, set_rope_base_layers
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,11 @@ def _validate(s: ExtendSettings, world_size: int, cuda: bool, held: contextlib.E
                                trust_remote_code=s.trust_remote_code, checkpoint=ckpt)
     notes += reach_notes(built, "the new base", layers.long_types if layers is not None else None)
     require_tokenizer_files(ckpt)
+    key = text_config_key(cfg)
+    if key is not None:
+        notes.append(f"{checkpoint_name(ckpt)} is a {(cfg.get('architectures') or [cfg.get('model_type')])[0]}: "
+                     f"extend trains its language model ({key}) on text; the other parts (a vision tower) get no "
+                     "gradient and are saved as they were")
     window = sliding_note(checkpoint_name(ckpt), sliding_window(config), [s.seq_len])
     if window:
         notes.append(f"{window}; the output keeps the window")

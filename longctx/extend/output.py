@@ -9,13 +9,13 @@ from typing import Any
 
 from longctx.checkpoint.directory import copy_side_files, write_provenance
 from longctx.checkpoint.load import model_config
-from longctx.checkpoint.rope import check_written_rope
-from longctx.checkpoint.rope_layers import asked_rope
 from longctx.core.errors import InputError
 from longctx.core.files import CHECKPOINT_KIND, atomic_dir, write_json
 from longctx.extend.plan import Plan
 from longctx.extend.settings import ExtendSettings
 from longctx.extend.state import write_failure
+from longctx.rope.config import check_written_rope
+from longctx.rope.layers import asked_rope
 
 MAX_SHARD_SIZE = "5GB"  # explicit: transformers 4.x and 5.x defaults differ
 LOG_FILE = "train_log.jsonl"

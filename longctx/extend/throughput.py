@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from longctx.checkpoint.load import sliding_window
+from longctx.checkpoint.text_config import built_text_config
 from longctx.extend.settings import ExtendSettings
 
 # Peak dense (no sparsity) bf16 tensor-core TFLOP/s of one device, from the vendors' datasheets (the
@@ -126,7 +127,7 @@ def matmul_params(lm) -> int:
 
 def model_flops(lm) -> ModelFlops:
     """The FLOP counts of `lm` (call before FSDP shards its parameters)."""
-    config: Any = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
+    config: Any = built_text_config(lm.config)
     layers, heads = getattr(config, "num_hidden_layers", None), getattr(config, "num_attention_heads", None)
     head_dim = getattr(config, "head_dim", None)
     if head_dim is None and heads and getattr(config, "hidden_size", None):

@@ -12,8 +12,6 @@ from pathlib import Path
 from longctx.checkpoint.directory import copy_side_files, is_tokenizer_file, write_provenance
 from longctx.checkpoint.hub import hub_origin, resolve_checkpoint
 from longctx.checkpoint.paths import code_modules
-from longctx.checkpoint.rope import check_written_rope
-from longctx.checkpoint.rope_layers import asked_rope
 from longctx.checkpoint.tokenizer import (
     check_tokenizer_source,
     load_tokenizer,
@@ -25,6 +23,8 @@ from longctx.core.files import CHECKPOINT_KIND, atomic_dir, check_output, json_o
 from longctx.init.bpe import train_bpe_tokenizer
 from longctx.init.presets import PRESET_DTYPES, PRESETS, model_config, parameter_count
 from longctx.init.settings import TOKENIZER_CHOICES, InitSettings
+from longctx.rope.config import check_written_rope
+from longctx.rope.layers import asked_rope
 
 
 @dataclass(frozen=True)

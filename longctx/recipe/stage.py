@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from longctx.checkpoint.hub import cached_file, parse_hub_id
-from longctx.checkpoint.rope import read_rope
 from longctx.core.files import CHECKPOINT_KIND
 from longctx.core.parse import loads
 from longctx.core.settings import Settings
 from longctx.recipe.types import Model, Recipe
+from longctx.rope.config import read_rope
 
 
 @dataclass

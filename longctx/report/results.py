@@ -21,12 +21,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NotRequired, Protocol, TypedDict
 
-from longctx.checkpoint.describe import ModelInfo
 from longctx.core.clock import utc_timestamp
 from longctx.core.errors import InputError
 from longctx.core.files import read_versioned_json
 from longctx.core.parse import loads
 from longctx.core.secrets import redact_url
+from longctx.info.describe import ModelInfo
 from longctx.report import stats
 
 RESULTS_FORMAT = "longctx-ruler-results/1"

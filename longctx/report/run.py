@@ -7,9 +7,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from longctx.checkpoint.describe import sliding_note
 from longctx.core.errors import InputError
 from longctx.core.files import write_atomic, write_json
+from longctx.info.describe import sliding_note
 from longctx.report import stats
 from longctx.report.plots import plot_results
 from longctx.report.results import RESULTS_FILE, Results, build_results, read_scores, to_json, with_intervals

@@ -8,7 +8,7 @@ from longctx.core.errors import ref
 from longctx.core.kinds import Bool, Choice, Length, LocalPath, LocalPaths, NamedLists, Overrides
 from longctx.core.settings import REQUIRED, Settings, setting
 
-# compare's layouts: name -> what it shows (`longctx.report.compare_text.LAYOUT_ROWS` has a row builder for each)
+# compare's layouts: name -> what it shows (`longctx.report.compare.text.LAYOUT_ROWS` has a row builder for each)
 LAYOUTS = {
     "default": "a row per run with Avg., degradation and differences",
     "table5": "the Gated Attention paper's Table 5 (a YaRN run's difference to its parent in brackets)",

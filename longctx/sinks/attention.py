@@ -22,6 +22,7 @@ import inspect
 import sys
 from typing import Any
 
+from longctx.checkpoint.text_config import built_text_config
 from longctx.core.errors import InputError
 from longctx.models.gates import GateSpec, gate_of
 from longctx.models.variants import attention_variant
@@ -140,6 +141,18 @@ def _additive_mask(mask, query, key, window: int | None):
     return torch.where(mask, torch.tensor(0.0, device=mask.device, dtype=query.dtype), torch.finfo(query.dtype).min)
 
 
+def decoder(model):
+    """The language model's decoder stack of `model` (embeddings, `layers`, final norm): its `base_model`, of a
+    composite model (Gemma-3's vision-language one) the language model inside it (`get_decoder`, transformers'
+    own lookup)."""
+    get = getattr(model, "get_decoder", None)
+    try:
+        found = get() if callable(get) else None
+    except Exception:  # noqa: BLE001 - transformers raises for models it has no rule for
+        found = None
+    return found if found is not None and hasattr(found, "layers") else model.base_model
+
+
 class Collector:
     """Sums of every layer's measurements as the forward goes, for a model loaded with
     attn_implementation=ATTN_IMPLEMENTATION; one collector is active at a time, from construction to `close()`."""
@@ -149,8 +162,8 @@ class Collector:
         import torch
 
         self.torch, self.chunk = torch, chunk
-        layers = list(model.base_model.layers)
-        config = model.config.get_text_config()
+        layers = list(decoder(model).layers)
+        config = built_text_config(model.config)
         self.n_layers, self.heads = len(layers), config.num_attention_heads
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
         self.model_name = type(model).__name__
@@ -193,7 +206,7 @@ class Collector:
         name = type(module).__name__
         i = getattr(module, "layer_idx", None)
         if not isinstance(i, int) or not 0 <= i < self.n_layers:
-            raise InputError(f"{name} has layer_idx {i!r}, not a layer of the {self.n_layers} in base_model.layers; "
+            raise InputError(f"{name} has layer_idx {i!r}, not a layer of the {self.n_layers} in its decoder's layers; "
                              "longctx sinks needs each attention module's layer index")
         for arg, what in _UNMODELLED.items():
             if kwargs.get(arg) is not None:

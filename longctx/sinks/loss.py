@@ -1,7 +1,7 @@
 """The next-token loss of the windows `longctx sinks` runs, from the decoder's final hidden states (the paper's
 Table 4 reports perplexity beside the sink columns, Qiu et al. 2025).
 
-The decoder forward is the one the measurements already run (`model.base_model`), so the loss costs no second
+The decoder forward is the one the measurements already run (`decoder(model)`), so the loss costs no second
 forward; logits are formed a chunk of positions at a time, so a 32k window never holds 32k x vocab of them.
 What a causal LM does to its logits after the output projection is architecture code (Gemma 2's soft-cap,
 Cohere's scale, Granite's divisor), so it is a table here, and the model itself is the oracle: before
@@ -15,6 +15,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from longctx.checkpoint.text_config import built_text_config
+from longctx.sinks.attention import decoder
 
 # What transformers' causal LMs do to the output projection's logits, by the text config key that turns it on
 # (transformers v5: modeling_gemma2.py `Gemma2ForCausalLM.forward`, modeling_cohere.py `CohereForCausalLM.forward`,
@@ -47,7 +50,7 @@ class LossSum:
 
 def _logits(model, hidden):
     """The model's logits of `hidden` (final hidden states), in fp32, after its architecture's steps."""
-    config = model.config.get_text_config()
+    config = built_text_config(model.config)
     logits = model.get_output_embeddings()(hidden).float()
     for key, step in LOGIT_STEPS.items():
         value = getattr(config, key, None)
@@ -63,7 +66,7 @@ def check_logits(model, window: list[int], device: str) -> str | None:
     ids = torch.tensor([window[:CHECK_TOKENS]], device=device)
     with torch.inference_mode():
         own = model(input_ids=ids, use_cache=False).logits.float().log_softmax(-1)
-        ours = _logits(model, model.base_model(input_ids=ids, use_cache=False)[0]).log_softmax(-1)
+        ours = _logits(model, decoder(model)(input_ids=ids, use_cache=False)[0]).log_softmax(-1)
     if own.shape != ours.shape:
         return f"the model's logits have shape {tuple(own.shape)}, its output projection's {tuple(ours.shape)}"
     gap = ((own - ours).abs() / (1 + own.abs())).max().item()

@@ -34,11 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from longctx.checkpoint.describe import model_info
 from longctx.checkpoint.directory import checkpoint_dir, fingerprint, read_config, versions
 from longctx.checkpoint.load import load_model, model_config
-from longctx.checkpoint.rope import read_rope
-from longctx.checkpoint.rope_settings import check_context
 from longctx.checkpoint.tokenizer import load_tokenizer
 from longctx.core.clock import utc_timestamp
 from longctx.core.errors import InputError, SettingError, ref
@@ -46,7 +43,10 @@ from longctx.core.files import RULER_RUN_KIND, check_output, make_output, write_
 from longctx.core.special_tokens import leading_bos
 from longctx.data.sources import iter_documents
 from longctx.data.synthetic import KINDS
-from longctx.sinks.attention import Collector, register_attention
+from longctx.info.describe import model_info
+from longctx.rope.config import read_rope
+from longctx.rope.settings import check_context
+from longctx.sinks.attention import Collector, decoder, register_attention
 from longctx.sinks.loss import LossSum, add_window_losses, check_logits
 from longctx.sinks.schema import DEFINITIONS, SINKS_FILE, SINKS_FORMAT, SINKS_KIND, SinksResults
 from longctx.sinks.settings import DEFAULT_MAX_LENGTH, SinksSettings
@@ -87,8 +87,8 @@ def _load_model(ckpt: Path, dtype: str, device: str, trust_remote_code: bool):
     """The model with longctx's attention function, refused unless it has the decoder stack the hooks read."""
     model = load_model(ckpt, dtype=dtype, attn_implementation=register_attention(),
                        trust_remote_code=trust_remote_code)
-    if not len(getattr(model.base_model, "layers", None) or ()):
-        raise InputError(f"'{ckpt}' is a {type(model).__name__} without a stack of decoder layers (base_model.layers); "
+    if not len(getattr(decoder(model), "layers", None) or ()):
+        raise InputError(f"'{ckpt}' is a {type(model).__name__} without a stack of decoder layers (`layers`); "
                          "longctx sinks reads decoder-only language models")
     return model.to(device).eval()
 
@@ -107,7 +107,7 @@ def _forward_all(model, windows: list[list[int]], batch_size: int, chunk: int | 
             for start in range(0, len(windows), batch_size):
                 ids = torch.tensor(windows[start:start + batch_size], device=device)
                 # the decoder alone: logits are formed a chunk of positions at a time for the loss
-                hidden = model.base_model(input_ids=ids, use_cache=False)[0]
+                hidden = decoder(model)(input_ids=ids, use_cache=False)[0]
                 if start == 0:  # a model that bypasses the attention function fails now, not after every window
                     collector.check_seen()
                 add_window_losses(model, hidden, ids, loss)

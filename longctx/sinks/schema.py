@@ -6,9 +6,9 @@ import os
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
-from longctx.checkpoint.describe import ModelInfo
 from longctx.core.errors import InputError
 from longctx.core.files import read_versioned_json
+from longctx.info.describe import ModelInfo
 
 SINKS_FORMAT = "longctx-sinks/1"
 SINKS_FILE = "sinks.json"

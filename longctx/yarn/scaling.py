@@ -8,7 +8,7 @@ max_position_embeddings = original x factor, so transformers and every vLLM vers
 length (vLLM before vllm-project/vllm#56446 derived max_model_len from original x factor alone). For the
 architectures of `YARN_AS_LONGROPE` the same frequencies and attention scale are written as LongRoPE.
 A config with per-layer-type RoPE (Gemma-3) gets YaRN in its layers that see the whole sequence, its sliding
-layers keeping their own RoPE, written in the form it has (`longctx.checkpoint.rope_layers`). Every config is
+layers keeping their own RoPE, written in the form it has (`longctx.rope.layers`). Every config is
 built back with transformers, rotary module included, before anything is published (`check_written_rope`).
 """
 
@@ -22,8 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from longctx.checkpoint.directory import checkpoint_dir, copy_side_files, read_config, write_provenance
-from longctx.checkpoint.rope import (
-    KNOWN_ROPE_TYPES,
+from longctx.checkpoint.text_config import text_config, text_config_key
+from longctx.core.errors import InputError, SettingError, ref
+from longctx.core.files import CHECKPOINT_KIND, atomic_dir, check_output, write_json
+from longctx.rope.built import BuiltRope, prose, reach_notes
+from longctx.rope.config import (
     LONGROPE_FORM_KEYS,
     ConfigFormat,
     RopeSettings,
@@ -34,10 +37,7 @@ from longctx.checkpoint.rope import (
     write_rope,
     yarn_longrope_form,
 )
-from longctx.checkpoint.rope_layers import LayerRopes, built_config, read_rope_layers, write_rope_layers
-from longctx.checkpoint.rotary import BuiltRope, prose, reach_notes
-from longctx.core.errors import InputError, SettingError, ref
-from longctx.core.files import CHECKPOINT_KIND, atomic_dir, check_output, write_json
+from longctx.rope.layers import LayerRopes, built_config, read_rope_layers, write_rope_layers
 from longctx.yarn.settings import YarnSettings, default_output
 
 # Keys `longctx yarn` does not carry over from an old YaRN: transformers' `attention_factor` replaces the attention
@@ -64,7 +64,6 @@ YARN_AS_LONGROPE = ("phi3", "phi4_multimodal", "phimoe")
 # Of those, the config classes whose `validate_rope` wants hidden_size // num_attention_heads factors while
 # the model rotates head_dim (configuration_phi3.py, configuration_phi4_multimodal.py: `rotary_ndims`).
 _FACTORS_SIZED_BY_HIDDEN = ("phi3", "phi4_multimodal")
-_NAMES = {"yarn": "YaRN", "llama3": "llama3", "linear": "linear", "dynamic": "dynamic NTK", "longrope": "LongRoPE"}
 
 
 def _scaling(rope: RopeSettings) -> tuple[str, str]:
@@ -73,7 +72,7 @@ def _scaling(rope: RopeSettings) -> tuple[str, str]:
     details = [f"factor {factor:g}"] if factor is not None else []
     if original is not None:
         details.append(f"original length {original}")
-    return _NAMES.get(rope.rope_type, rope.rope_type), ", ".join(details)
+    return rope.type_record.display, ", ".join(details)
 
 
 def _unrecorded(rope: RopeSettings) -> str:
@@ -99,6 +98,7 @@ class ScaledConfig:
     rope: RopeSettings  # of the layers that see the whole sequence
     notes: list[str]
     layers: dict[str, RopeSettings] | None = None  # per layer type, for a config with per-layer-type RoPE
+    text_key: str | None = None  # where a composite config keeps its language model's (`text_config_key`)
 
     @property
     def expected(self) -> RopeSettings | dict[str, RopeSettings]:
@@ -125,11 +125,11 @@ ORIGINAL = ref("original_max_position_embeddings")
 def _refusals(rope: RopeSettings, ask: YarnAsk, whose: str) -> int:
     """The original length YaRN scales `rope` from (`whose` RoPE it is, in messages); InputError where there is
     none, or where `rope` is scaled already and `ask.rescale` is off."""
-    if rope.rope_type not in KNOWN_ROPE_TYPES:
-        raise InputError(f"unknown RoPE type '{rope.rope_type}' in config.json (known: {', '.join(KNOWN_ROPE_TYPES)})")
-    unknown_linear = rope.rope_type == "linear" and rope.trained_length is None
+    if rope.type_record.yarn == "refuse":
+        raise InputError(rope.type_record.yarn_refusal)
+    unknown_linear = rope.original_unknown
     name, details = _scaling(rope)
-    if rope.rope_type != "default" and not ask.rescale:
+    if rope.scaled and not ask.rescale:
         if unknown_linear:
             raise SettingError(f"{whose} is already linear-scaled ({details}) and its config {_unrecorded(rope)}; "
                                f"pass {ref('rescale')} {ORIGINAL} N, N the length it was trained at before the "
@@ -162,9 +162,9 @@ def yarn_rope(rope: RopeSettings, ask: YarnAsk, whose: str = "checkpoint") -> tu
     notes: list[str] = []
     name, details = _scaling(rope)
     old = rope.extra
-    if rope.stored_type == "longrope":  # longctx's LongRoPE form of YaRN: written again from the new factor
+    if rope.stored_type is not None:  # longctx's LongRoPE form of YaRN: written again from the new factor
         old = {k: v for k, v in old.items() if k not in LONGROPE_FORM_KEYS}
-    if rope.rope_type == "yarn":
+    if rope.type_record.is_yarn:
         keep = _kept_mscale(old, ask.model_type)
         extra = {k: v for k, v in old.items() if k not in _ENGINE_DEPENDENT_KEYS or k in keep}
         dropped = [k for k in old if k not in extra]
@@ -182,7 +182,7 @@ def yarn_rope(rope: RopeSettings, ask: YarnAsk, whose: str = "checkpoint") -> tu
     else:
         extra = {k: v for k, v in old.items() if k in _KEPT_KEYS}
         dropped = [k for k in old if k not in extra]
-        if rope.rope_type != "default":
+        if rope.scaled:
             notes.append(f"replaced {name} scaling ({details}) with YaRN from original length {n}" + (
                 f"; dropped {', '.join(dropped)} ({name}'s own parameters, unused by YaRN)" if dropped else ""))
     for key, value in (("beta_fast", ask.beta_fast), ("beta_slow", ask.beta_slow)):
@@ -216,8 +216,10 @@ def apply_yarn(cfg: dict[str, Any], factor: float, *, original: int | None = Non
     """
     if not factor > 1:
         raise InputError(f"factor must be > 1, got {factor}")
-    ask = YarnAsk(factor, original, rescale, beta_fast, beta_slow, truncate, cfg.get("model_type"))
+    text = text_config(cfg)  # what the language model's config says (of a composite config: its text_config)
+    ask = YarnAsk(factor, original, rescale, beta_fast, beta_slow, truncate, text.get("model_type"))
     check = {"trust_remote_code": trust_remote_code, "checkpoint": checkpoint}
+    key = text_config_key(cfg)
     layers = read_rope_layers(cfg, built_config(cfg, checkpoint, trust_remote_code))
     if layers is not None:
         return _yarn_layers(cfg, layers, ask, config_format, label, check)
@@ -226,16 +228,17 @@ def apply_yarn(cfg: dict[str, Any], factor: float, *, original: int | None = Non
     try:
         built = check_written_rope(config, new, label, **check)
     except InputError:
-        if cfg.get("model_type") not in YARN_AS_LONGROPE:
+        if ask.model_type not in YARN_AS_LONGROPE:
             raise
-        _check_longrope_sizes(cfg, label)
-        new = yarn_longrope_form(cfg, new)
+        _check_longrope_sizes(text, label)
+        new = yarn_longrope_form(text, new)
         config = write_rope(cfg, new, config_format)
         built = check_written_rope(config, new, label, **check)
-        notes.append(f"transformers' {cfg['model_type']} config class does not keep rope_type 'yarn', so YaRN is "
+        notes.append(f"transformers' {ask.model_type} config class does not keep rope_type 'yarn', so YaRN is "
                      "written as LongRoPE: short_factor = long_factor = YaRN's per-pair factors, attention_factor = "
                      "short_mscale = long_mscale = YaRN's attention scale (longctx reads it back as YaRN)")
-    return ScaledConfig(config, new, notes + reach_notes(built, "YaRN") + _softmax_note(built, new, ask))
+    return ScaledConfig(config, new, notes + reach_notes(built, "YaRN") + _softmax_note(built, new, ask),
+                        text_key=key)
 
 
 def _yarn_layers(cfg: dict[str, Any], layers: LayerRopes, ask: YarnAsk, config_format: str | None, label: str,
@@ -259,7 +262,7 @@ def _yarn_layers(cfg: dict[str, Any], layers: LayerRopes, ask: YarnAsk, config_f
     config = write_rope_layers(cfg, replace(layers, types=types), config_format)
     built = check_written_rope(config, types, label, **check)
     notes += reach_notes(built, "YaRN", layers.long_types) + _softmax_note(built, long, ask)
-    return ScaledConfig(config, long, notes, layers=types)
+    return ScaledConfig(config, long, notes, layers=types, text_key=text_config_key(cfg))
 
 
 def _softmax_note(built: dict[str, BuiltRope], rope: RopeSettings, ask: YarnAsk) -> list[str]:
@@ -274,38 +277,47 @@ def _softmax_note(built: dict[str, BuiltRope], rope: RopeSettings, ask: YarnAsk)
             f"for YaRN x{rope.factor:g}"]
 
 
-def vllm_settings(rope: RopeSettings, layers: dict[str, RopeSettings] | None = None) -> dict[str, Any]:
+def vllm_settings(rope: RopeSettings, layers: dict[str, RopeSettings] | None = None,
+                  text_key: str | None = None) -> dict[str, Any]:
     """The vLLM arguments that serve `rope` (of every layer type in `layers` for per-layer-type RoPE):
     max_model_len, and `--hf-overrides` that apply the same scaling to the unscaled checkpoint without writing
-    a new directory (vLLM sets them on the transformers config object it built, so they are in its form)."""
+    a new directory (vLLM sets them on the transformers config object it built, so they are in its form; for a
+    composite config on its language model's sub-config, `text_key`, which vLLM updates in place)."""
     params = {lt: rope_dict(r) for lt, r in layers.items()} if layers else rope_dict(rope)
     overrides = {"rope_parameters": params, "max_position_embeddings": rope.max_position_embeddings}
-    if rope.stored_type == "longrope":
+    if rope.stored_type is not None:  # YaRN in LongRoPE form
         # Phi3Config's own field, which vLLM also reads for LongRoPE's default max_model_len
         overrides["original_max_position_embeddings"] = rope.original_max_position_embeddings
+    if text_key is not None:
+        overrides = {text_key: overrides}
     return {"max_model_len": rope.context_length, "hf_overrides": overrides}
 
 
 def vllm_command_line(checkpoint: str, source: str, rope: RopeSettings,
-                      layers: dict[str, RopeSettings] | None = None) -> tuple[str, str]:
+                      layers: dict[str, RopeSettings] | None = None, text_key: str | None = None) -> tuple[str, str]:
     """(serve the new checkpoint, serve the source checkpoint with --hf-overrides) as shell lines."""
-    s = vllm_settings(rope, layers)
+    s = vllm_settings(rope, layers, text_key)
     over = json.dumps(s["hf_overrides"], separators=(", ", ": "))
     length = ["--max-model-len", str(s["max_model_len"])]
     return (shlex.join(["vllm", "serve", checkpoint, *length]),
             shlex.join(["vllm", "serve", source, *length, "--hf-overrides", over]))
 
 
-def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """Human-readable top-level differences between two configs, e.g. 'max_position_embeddings: 32768 -> 131072'."""
+def config_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """Human-readable top-level differences between two configs, e.g. 'max_position_embeddings: 32768 -> 131072';
+    within a composite config's language model as 'text_config.max_position_embeddings: ...'."""
     lines = []
+    text_key = text_config_key(old)
     for key in [*old, *(k for k in new if k not in old)]:
+        name = prefix + key
         if key not in new:
-            lines.append(f"{key}: {json.dumps(old[key])} -> (removed)")
+            lines.append(f"{name}: {json.dumps(old[key])} -> (removed)")
         elif key not in old:
-            lines.append(f"{key}: (new) {json.dumps(new[key])}")
+            lines.append(f"{name}: (new) {json.dumps(new[key])}")
+        elif key == text_key and isinstance(old[key], dict) and isinstance(new[key], dict):
+            lines += config_changes(old[key], new[key], f"{name}.")
         elif old[key] != new[key]:
-            lines.append(f"{key}: {json.dumps(old[key])} -> {json.dumps(new[key])}")
+            lines.append(f"{name}: {json.dumps(old[key])} -> {json.dumps(new[key])}")
     return lines
 
 
@@ -338,6 +350,6 @@ def yarn_checkpoint(s: YarnSettings) -> YarnResult:
         write_provenance(tmp, "yarn", args, src)
         # the file as written, before it is published
         check_written_rope(tmp, result.expected, str(out / "config.json"), trust_remote_code=s.trust_remote_code)
-    serve_new, serve_override = vllm_command_line(str(out), str(src), result.rope, result.layers)
+    serve_new, serve_override = vllm_command_line(str(out), str(src), result.rope, result.layers, result.text_key)
     return YarnResult(out, config_changes(cfg, result.config), result.notes, result.rope.context_length,
-                      vllm_settings(result.rope, result.layers), serve_new, serve_override)
+                      vllm_settings(result.rope, result.layers, result.text_key), serve_new, serve_override)

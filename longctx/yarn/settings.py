@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from longctx.checkpoint.describe import checkpoint_name
 from longctx.checkpoint.hub import hub_origin, resolve_checkpoint
 from longctx.checkpoint.load import trust_remote_code_setting
 from longctx.core.kinds import Bool, Choice, Factor, Float, Length, LocalPath, Text
 from longctx.core.settings import REQUIRED, Settings, setting
+from longctx.info.describe import checkpoint_name
 
 CONFIG_FORMATS = ("v5", "v4", "both")
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from longctx.checkpoint.directory import require_weights
-from longctx.checkpoint.load import check_weight_shapes, model_config
+from longctx.checkpoint.load import check_weight_shapes, model_config, text_generation_class
 from longctx.core.errors import InputError
 from longctx.core.kinds import Choice
 from longctx.core.settings import Settings, setting
@@ -255,21 +255,16 @@ def _check_weights(cls: type[Backend], backend: Backend, context: BackendContext
     hold the model its config.json describes (with the backend's config overrides applied, as it applies them):
     the same refusal whatever the backend, before the run directory is made, rather than from the model load
     after it."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-
     if cls.loads_weights:
         require_weights(Path(context.checkpoint_dir), context.checkpoint)
     config = model_config(context.checkpoint_dir, trust_remote_code=context.trust_remote_code)
     overrides = backend.config_overrides()
     if overrides:
         config.update(overrides)
-    # An engine may run architectures transformers has no causal LM for (vLLM's own model registry): their
-    # weights are the engine's to check. A backend that runs transformers needs one, and check_weight_shapes
-    # refuses the config without it.
-    builds = type(config) in MODEL_FOR_CAUSAL_LM_MAPPING or "AutoModelForCausalLM" in (
-        getattr(config, "auto_map", None) or {})
-    if builds or cls.needs_transformers_model:
+    # An engine may run architectures transformers has no model for (vLLM's own model registry): their weights
+    # are the engine's to check. A backend that runs transformers needs one, and check_weight_shapes refuses the
+    # config without it.
+    if text_generation_class(config) is not None or cls.needs_transformers_model:
         check_weight_shapes(context.checkpoint_dir, config, context.trust_remote_code)
 
 

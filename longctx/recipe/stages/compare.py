@@ -12,7 +12,7 @@ from longctx.recipe.stage import ComparisonStage, RunContext, Step
 from longctx.recipe.stages import stage
 from longctx.recipe.types import Recipe, seed_name
 from longctx.report.compare import compare
-from longctx.report.compare_files import COMPARISON_KIND
+from longctx.report.compare.files import COMPARISON_KIND
 from longctx.report.loss import training_curves
 from longctx.report.settings import LAYOUT_HELP, LAYOUTS, CompareSettings
 

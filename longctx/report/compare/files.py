@@ -11,8 +11,8 @@ from typing import Any
 from longctx.core.errors import InputError
 from longctx.core.files import make_output, write_atomic, write_json
 from longctx.report import stats
-from longctx.report.compare_seeds import verdict
-from longctx.report.comparison import Comparison
+from longctx.report.compare.comparison import Comparison
+from longctx.report.compare.seeds import verdict
 from longctx.report.plots import Series, plot_lines
 from longctx.report.sinks import SINK_VALUES, plot_sinks, sink_values
 
@@ -37,8 +37,8 @@ def comparison_json(cmp: Comparison) -> dict[str, Any]:
         "avg": {r.name: cmp.table.avg(r) for r in cmp.runs},
         "intervals": {n: by_length(intervals[n]) if any(b is not None for b in intervals[n].values()) else None
                       for n in cmp.names},
-        "differences": {kind: {n: {**e, "per_length": by_length(e["per_length"])} for n, e in entries.items()}
-                        for kind, entries in cmp.differences.items()},
+        "differences": {versus: {n: {**e, "per_length": by_length(e["per_length"])} for n, e in entries.items()}
+                        for versus, entries in cmp.differences.items()},
         "method": stats.METHOD, "notes": cmp.notes,
         "seeds": None if not cmp.seed_groups else {
             "groups": {g.name: _length_keys(g.as_dict()) for g in cmp.seed_groups},

@@ -19,7 +19,9 @@ from typing import Any
 
 from longctx.checkpoint.config_keys import check_config_types
 from longctx.checkpoint.load import model_config
-from longctx.checkpoint.rope import (
+from longctx.checkpoint.text_config import built_text_config, text_config, text_config_key, with_text_config
+from longctx.core.errors import InputError
+from longctx.rope.config import (
     SHORT_LAYER_TYPES,
     RopeSettings,
     long_layer_type,
@@ -29,7 +31,6 @@ from longctx.checkpoint.rope import (
     rebased,
     rope_dict,
 )
-from longctx.core.errors import InputError
 
 # model_type -> ({layer type: the top-level key of its base}, the layer types `rope_scaling` applies to), for
 # the families whose transformers-4 configs spread per-layer RoPE over top-level keys (their config classes'
@@ -84,8 +85,10 @@ def built_config(cfg: dict[str, Any], checkpoint: Any = None, trust_remote_code:
 def read_rope_layers(cfg: dict[str, Any], built: Any, source: str = "config.json") -> LayerRopes | None:
     """The RoPE of each layer type of config.json dict `cfg`, whose transformers config object is `built`;
     None when transformers reads one RoPE for all layers (or `built` is None). Each type is read from the
-    config's own dict in the v5 form, from the config class's reading of the family's keys in the v4 form."""
+    config's own dict in the v5 form, from the config class's reading of the family's keys in the v4 form; of
+    the language model's part of a composite config (`text_config`)."""
     check_config_types(cfg, source)
+    cfg, built = text_config(cfg), built_text_config(built)
     params = getattr(built, "rope_parameters", None)
     if not isinstance(params, dict) or not hasattr(built, "nested_rope_parameter_keys"):
         return None
@@ -149,7 +152,9 @@ def write_rope_layers(cfg: dict[str, Any], layers: LayerRopes, config_format: st
     """A copy of `cfg` whose RoPE says `layers.types` and whose max_position_embeddings is that of the layers
     that see the whole sequence, in `config_format` [default: the form `cfg` has]: "v5" per-layer-type
     rope_parameters, "v4" the family's top-level keys, "both" both (they agree). Every old RoPE key is removed
-    first."""
+    first. A composite config gets it in its language model's part (`text_config`), the rest kept."""
+    if text_config_key(cfg) is not None:
+        return with_text_config(cfg, write_rope_layers(text_config(cfg), layers, config_format))
     form = config_format or layers.form
     model_type = cfg.get("model_type")
     out = copy.deepcopy(cfg)

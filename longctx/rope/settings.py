@@ -1,6 +1,6 @@
 """RoPE settings as one value (`RopeSettings`: what a config says about positions, over both config formats), the
 lengths they reach, and the `longctx yarn` command that extends a checkpoint beyond them (`check_context`).
-Reading and writing them in config.json is `longctx.checkpoint.rope`."""
+Reading and writing them in config.json is `longctx.rope.config`; what differs by type, `longctx.rope.types`."""
 
 from __future__ import annotations
 
@@ -13,10 +13,7 @@ from typing import Any
 
 from longctx.checkpoint.hub import hub_origin
 from longctx.core.errors import InputError, option_name
-
-# Types whose `original_max_position_embeddings` is the pre-extension training length and which transformers
-# fills from max_position_embeddings when absent (`standardize_rope_params`).
-TYPES_WITH_ORIGINAL = ("yarn", "longrope", "llama3")
+from longctx.rope.types import RopeType, rope_type
 
 
 @dataclass(frozen=True)
@@ -36,27 +33,43 @@ class RopeSettings:
     stored_type: str | None = None
 
     @property
+    def type_record(self) -> RopeType:
+        """The record of its type (`longctx.rope.types`)."""
+        return rope_type(self.rope_type)
+
+    @property
+    def scaled(self) -> bool:
+        """Whether it is a context scaling (which `yarn` replaces only when asked)."""
+        return self.type_record.scaled
+
+    @property
     def trained_length(self) -> int | None:
-        """Length the model was trained at before any context scaling: the original length of yarn, llama3
-        and longrope; of dynamic NTK the recorded original, else max_position_embeddings (the length
-        transformers' `_compute_dynamic_ntk_parameters` and vLLM's `DynamicNTKScalingRotaryEmbedding` scale
-        from); of linear only a recorded original (configs write max_position_embeddings before or after the
-        factor: None when unknown)."""
-        if self.rope_type in (*TYPES_WITH_ORIGINAL, "linear"):
-            return self.original_max_position_embeddings
-        if self.rope_type == "dynamic":
-            return self.original_max_position_embeddings or self.max_position_embeddings
-        return self.max_position_embeddings
+        """Length the model was trained at before any context scaling (`RopeType.trained_from`): the original
+        length of yarn, llama3 and longrope; of dynamic NTK the recorded original, else max_position_embeddings
+        (the length transformers' `_compute_dynamic_ntk_parameters` and vLLM's `DynamicNTKScalingRotaryEmbedding`
+        scale from); of linear only a recorded original (configs write max_position_embeddings before or after
+        the factor: None when unknown)."""
+        return self.type_record.trained_length(self.original_max_position_embeddings, self.max_position_embeddings)
+
+    @property
+    def original_unknown(self) -> bool:
+        """Whether the type has an original length the config does not record (linear scaling without one)."""
+        return self.trained_length is None and self.type_record.original == "recorded"
 
     @property
     def scaling_factor(self) -> float | None:
         """The context factor: `factor`, or for LongRoPE without one max_position_embeddings / original, as
         transformers' `_compute_longrope_parameters` takes it."""
-        if self.factor is not None or self.rope_type != "longrope":
+        if self.factor is not None or not self.type_record.factor_from_lengths:
             return self.factor
         if self.max_position_embeddings and self.original_max_position_embeddings:
             return self.max_position_embeddings / self.original_max_position_embeddings
         return None
+
+    @property
+    def yarn_factor(self) -> float | None:
+        """The factor of a YaRN RoPE (None for any other)."""
+        return self.factor if self.type_record.is_yarn else None
 
     @property
     def context_length(self) -> int | None:
@@ -65,9 +78,8 @@ class RopeSettings:
         For YaRN this is original × factor: vLLM sizes its cos/sin cache by it (and before
         vllm#56446 derived max_model_len from it, ignoring max_position_embeddings).
         """
-        if self.rope_type == "yarn" and self.original_max_position_embeddings and self.factor:
-            return math.ceil(self.original_max_position_embeddings * self.factor)
-        return self.max_position_embeddings
+        return self.type_record.context_length(self.factor, self.original_max_position_embeddings,
+                                        self.max_position_embeddings)
 
 
 def hub_name(checkpoint: str | os.PathLike) -> str:
@@ -94,12 +106,12 @@ def yarn_command(checkpoint: str | os.PathLike, rope: RopeSettings, longest: int
     checkpoint is scaled already, and for linear scaling without a recorded original length
     `--original-max-position-embeddings` with the length the config claims (max_position_embeddings)."""
     base, flag = rope.trained_length, ""
-    if base is None and rope.rope_type == "linear" and rope.max_position_embeddings:
+    if rope.original_unknown and rope.max_position_embeddings:
         base = rope.max_position_embeddings
         flag = f" {option_name('original_max_position_embeddings')} {base}"
     base = base or rope.context_length or longest
     factor = max(2, 2 ** math.ceil(math.log2(longest / base)))
-    rescale = f" {option_name('rescale')}" if rope.rope_type != "default" else ""
+    rescale = f" {option_name('rescale')}" if rope.scaled else ""
     return f"longctx yarn {shlex.quote(hub_name(checkpoint))} {option_name('factor')} {factor}{rescale}{flag}"
 
 

@@ -22,7 +22,7 @@ follow.
 `--replicates NAME=RUN,...` (a recipe's seed sweep passes it) names runs of one model with different seeds: a
 section "Across k seeds" shows each such model's mean over seeds with an interval across seeds, per length,
 overall and for its sinks values, and, when the baseline run is in one of them, the other models' differences to
-it paired seed by seed, with a verdict in words (`longctx.report.compare_seeds`).
+it paired seed by seed, with a verdict in words (`longctx.report.compare.seeds`).
 
 With `-o`, compare.md, compare.csv, compare.json (`COMPARE_FORMAT`: runs, per-length scores, intervals,
 differences and `stats.METHOD`) and compare.png are written.
@@ -34,15 +34,15 @@ import contextlib
 import os
 from pathlib import Path
 
-from longctx.checkpoint.describe import sliding_note
 from longctx.core.errors import InputError
 from longctx.core.files import check_output
-from longctx.report.compare_files import COMPARE_FORMAT, COMPARISON_KIND, write_comparison
-from longctx.report.compare_seeds import SeedGroup, group_difference, seed_groups
-from longctx.report.compare_stats import add_intervals, difference, read_samples
-from longctx.report.compare_table import link_parents, load_runs, reference_length, score_table, shared_tasks
-from longctx.report.compare_text import markdown, table_cells
-from longctx.report.comparison import ComparedRun, Comparison
+from longctx.info.describe import sliding_note
+from longctx.report.compare.comparison import ComparedRun, Comparison
+from longctx.report.compare.files import COMPARE_FORMAT, COMPARISON_KIND, write_comparison
+from longctx.report.compare.seeds import SeedGroup, group_difference, seed_groups
+from longctx.report.compare.stats import add_intervals, difference, read_samples
+from longctx.report.compare.table import link_parents, load_runs, reference_length, score_table, shared_tasks
+from longctx.report.compare.text import markdown, table_cells
 from longctx.report.settings import CompareSettings
 from longctx.report.sinks import sinks_for_runs
 

@@ -11,10 +11,10 @@ YaRN in LongRoPE form: transformers' Phi3Config (and Phi4MultimodalConfig) turn 
 architectures `longctx yarn` writes YaRN's exact frequencies as LongRoPE factors, and `read_rope`
 recognises such a config as YaRN again (see `yarn_longrope_form`).
 
-Per-layer-type RoPE (Gemma-3's global and local layers) is `longctx.checkpoint.rope_layers`; `read_rope` of such
+Per-layer-type RoPE (Gemma-3's global and local layers) is `longctx.rope.layers`; `read_rope` of such
 a config is the RoPE of the layers that see the whole sequence. What transformers builds from a written config
-is checked on its rotary module (`check_written_rope`, `longctx.checkpoint.rotary`). The settings as a value, and
-the lengths they reach, are `longctx.checkpoint.rope_settings`.
+is checked on its rotary module (`check_written_rope`, `longctx.rope.built`). The settings as a value, and
+the lengths they reach, are `longctx.rope.settings`.
 """
 
 from __future__ import annotations
@@ -28,22 +28,21 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
+from longctx.checkpoint.classes import config_class
 from longctx.checkpoint.config_keys import check_config_types, is_int, is_number, shown
 from longctx.checkpoint.load import model_config, transformers_quiet
-from longctx.checkpoint.rope_settings import TYPES_WITH_ORIGINAL, RopeSettings
-from longctx.checkpoint.rotary import BuiltRope, built_rope, rope_differences
-from longctx.checkpoint.yarn_reference import yarn_attention_scaling, yarn_longrope_factors
+from longctx.checkpoint.text_config import built_text_config, text_config, text_config_key, with_text_config
 from longctx.core.errors import InputError, exception_line
 from longctx.core.parse import loads
 from longctx.core.units import parse_number
+from longctx.rope.built import BuiltRope, built_rope, rope_differences
+from longctx.rope.reference import yarn_attention_scaling, yarn_longrope_factors
+from longctx.rope.settings import RopeSettings
+from longctx.rope.types import rope_type as rope_type_of
 
 ConfigFormat = Literal["v5", "v4", "both"]
-# RoPE types transformers implements (ROPE_INIT_FUNCTIONS, plus "default").
-KNOWN_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
 # The keys that make a YaRN config the LongRoPE form of it (`yarn_longrope_form`).
 LONGROPE_FORM_KEYS = ("short_factor", "long_factor", "attention_factor", "short_mscale", "long_mscale")
-
-
 
 # Top-level keys whose base the config class reads in the transformers-4 form (of the layers that see the whole
 # sequence), for the families that do not name it rope_theta (configuration_gpt_neox.py,
@@ -52,22 +51,10 @@ BASE_KEYS = {"gpt_neox": "rotary_emb_base", "gpt_neox_japanese": "rotary_emb_bas
              "modernbert_decoder": "global_rope_theta"}
 
 
-def _config_class(model_type: Any) -> Any:
-    """transformers' config class of `model_type` (None when it knows no such type)."""
-    if not model_type:
-        return None
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    try:
-        return CONFIG_MAPPING[model_type]
-    except KeyError:
-        return None
-
-
 def _class_default(model_type: str | None, name: str) -> Any:
     """The class-level default of field `name` in this model type's transformers config class (None when
     transformers knows no such type or the class has no such field)."""
-    return getattr(_config_class(model_type), name, None)
+    return getattr(config_class(model_type), name, None)
 
 
 def _default_theta(model_type: str | None) -> float | None:
@@ -170,9 +157,12 @@ def base_key(model_type: Any) -> str:
 def read_rope(cfg: dict[str, Any], source: str = "config.json") -> RopeSettings:
     """RoPE settings from a raw config.json dict, resolved the way transformers 5 resolves them; for a config
     with per-layer-type RoPE those of the layers that see the whole sequence (`long_layer_type`;
-    `longctx.checkpoint.rope_layers` has every type). InputError naming `source` (the file the dict came from)
-    when a value has the wrong type."""
+    `longctx.rope.layers` has every type), of its language model for a composite config
+    (`text_config`). InputError naming `source` (the file the dict came from) when a value has the wrong type."""
     check_config_types(cfg, source)
+    if text_config_key(cfg) is not None:
+        cfg = text_config(cfg)
+        check_config_types(cfg, source)
     params = cfg.get("rope_parameters")
     legacy = cfg.get("rope_scaling")
     nested = nested_rope_keys(cfg)
@@ -222,11 +212,12 @@ def parse_rope(cfg: dict[str, Any], rope: dict[str, Any], fmt: str, source: str 
     factor = rope.pop("factor", None)
     original = rope.pop("original_max_position_embeddings", None)
     top = None if nested else cfg.get("original_max_position_embeddings")
-    if rope_type in TYPES_WITH_ORIGINAL:
+    record = rope_type_of(rope_type)
+    if record.original == "pretrained":
         if top is None and not nested:
             top = _class_original(cfg.get("model_type"))  # a config class field wins even at its default
         original = top if top is not None else original if original is not None else max_pos
-    elif rope_type in ("linear", "dynamic"):
+    elif record.original == "recorded":
         # transformers does not read it for these types, but where a config records it, it is the original
         original = top if top is not None else original
     settings = RopeSettings(
@@ -239,7 +230,7 @@ def parse_rope(cfg: dict[str, Any], rope: dict[str, Any], fmt: str, source: str 
         config_format=fmt,
         theta_is_default=theta_is_default,
     )
-    if rope_type == "longrope":
+    if record.may_hold_yarn:
         return _as_yarn(cfg, settings) or settings
     return settings
 
@@ -260,7 +251,7 @@ def _head_dim_left_none(cfg: dict[str, Any]) -> int | None:
     `getattr(config, "head_dim", hidden_size // num_attention_heads)`, which is None there
     (modeling_rope_utils.py @ 5.19): written out, every initialiser sizes the RoPE as the attention does."""
     heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
-    cls = _config_class(cfg.get("model_type"))
+    cls = config_class(cfg.get("model_type"))
     if cfg.get("head_dim") is not None or not (is_int(heads) and is_int(hidden) and heads > 0) or cls is None:
         return None
     if not hasattr(cls, "head_dim") or cls.head_dim is not None:
@@ -282,8 +273,11 @@ def write_rope(cfg: dict[str, Any], rope: RopeSettings, config_format: ConfigFor
     [default: the form `cfg` has, `stored_form`]: "v5" is what the pinned transformers writes; "v4" is for
     transformers 4.x readers (the base under the key the model type's config class reads, `BASE_KEYS`); "both"
     writes both (they agree). `rope.stored_type` is the rope_type written (LongRoPE form of YaRN). A scaled RoPE
-    of a config whose class leaves head_dim None gets head_dim written (`_head_dim_left_none`).
+    of a config whose class leaves head_dim None gets head_dim written (`_head_dim_left_none`). A composite
+    config gets it written in its language model's part (`text_config`), the rest kept.
     """
+    if text_config_key(cfg) is not None:
+        return with_text_config(cfg, write_rope(text_config(cfg), rope, config_format))
     config_format = config_format or stored_form(cfg)
     out = copy.deepcopy(cfg)
     base = base_key(cfg.get("model_type"))
@@ -291,12 +285,12 @@ def write_rope(cfg: dict[str, Any], rope: RopeSettings, config_format: ConfigFor
         out.pop(key, None)
     if rope.max_position_embeddings is not None:
         out["max_position_embeddings"] = int(rope.max_position_embeddings)
-    rope_type = rope.stored_type or rope.rope_type
-    if (rope_type in TYPES_WITH_ORIGINAL and rope.original_max_position_embeddings is not None
+    stored = rope_type_of(rope.stored_type or rope.rope_type)
+    if (stored.original == "pretrained" and rope.original_max_position_embeddings is not None
             and _class_original(cfg.get("model_type")) is not None):
         out["original_max_position_embeddings"] = int(rope.original_max_position_embeddings)
     params = rope_dict(rope)
-    head_dim = _head_dim_left_none(cfg) if rope_type != "default" else None
+    head_dim = _head_dim_left_none(cfg) if stored.scaled else None
     if head_dim is not None:
         out["head_dim"] = head_dim
     if config_format in ("v5", "both"):
@@ -304,7 +298,7 @@ def write_rope(cfg: dict[str, Any], rope: RopeSettings, config_format: ConfigFor
     if config_format in ("v4", "both"):
         scaling = {k: v for k, v in params.items() if k != "rope_theta"}
         out[base] = rope.theta
-        out["rope_scaling"] = scaling if rope_type != "default" else None
+        out["rope_scaling"] = scaling if scaling != {"rope_type": "default"} else None
     return out
 
 
@@ -321,11 +315,11 @@ def rope_dict(rope: RopeSettings) -> dict[str, Any]:
 
 
 def reference_params(rope: RopeSettings) -> dict[str, Any]:
-    """The parameters whose RoPE `rope` asks for, for `longctx.checkpoint.rotary.reference_rope`: its dict, with
+    """The parameters whose RoPE `rope` asks for, for `longctx.rope.built.reference_rope`: its dict, with
     YaRN in LongRoPE form as the YaRN it is (the factors and scales are what the reference computes)."""
     out = rope_dict(rope)
     out["rope_type"] = rope.rope_type
-    if rope.stored_type == "longrope":
+    if rope.stored_type is not None:  # YaRN in LongRoPE form
         for key in LONGROPE_FORM_KEYS:
             out.pop(key, None)
     return out
@@ -345,18 +339,15 @@ def set_rope_base(cfg: dict[str, Any], base: float, max_length: int,
 
 
 def rebased(rope: RopeSettings, base: float, max_length: int, layers: str = "this checkpoint") -> RopeSettings:
-    """`rope` with base `base` and max_position_embeddings `max_length` (`set_rope_base`); InputError for YaRN
-    and LongRoPE (`layers` names whose RoPE it is in the message)."""
-    if rope.rope_type == "yarn":
-        raise InputError(f"{layers} is YaRN-scaled (factor {rope.factor:g} from original length "
-                         f"{rope.original_max_position_embeddings}); extend the checkpoint before YaRN, then scale "
-                         "the result with longctx yarn")
-    if rope.rope_type not in ("default", "llama3", "linear", "dynamic", "proportional"):
-        raise InputError(f"{layers} uses RoPE type '{rope.rope_type}', whose per-dimension factors were fitted "
-                         f"for base {rope.theta:g}; a new base would invalidate them: extend a checkpoint without it, "
-                         "then scale the result with longctx yarn")
+    """`rope` with base `base` and max_position_embeddings `max_length` (`set_rope_base`); InputError for a type
+    whose frequencies were fitted to its base and length (`RopeType.rebase_refusal`: YaRN, LongRoPE), `layers`
+    naming whose RoPE it is in the message."""
+    record = rope.type_record
+    if record.rebase_refusal is not None:
+        raise InputError(record.rebase_refusal.format(whose=layers, name=rope.rope_type, display=record.display,
+                                                    base=rope.theta, factor=rope.factor or 0,
+                                                    original=rope.original_max_position_embeddings))
     return dataclasses.replace(rope, theta=parse_number(base), max_position_embeddings=int(max_length))
-
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -368,7 +359,7 @@ def _same(a: Any, b: Any) -> bool:
 def _read_differently(params: dict[str, Any], expected: RopeSettings) -> list[str]:
     """What the built config's RoPE dict `params` says differently from `expected`: 'factor 4.0 (written 2.0)'."""
     stored = expected.stored_type or expected.rope_type
-    has_original = stored in TYPES_WITH_ORIGINAL
+    has_original = rope_type_of(stored).original == "pretrained"
     want = {"rope_type": stored, "rope_theta": expected.theta, "factor": expected.factor,
             "original length": expected.original_max_position_embeddings if has_original else None,
             **expected.extra}
@@ -388,7 +379,7 @@ def check_written_rope(written: str | os.PathLike | dict[str, Any], expected: Ro
     type): first the RoPE dict it reads (rope_type as stored, rope_theta, factor, original length, every other
     key of `expected.extra`) and max_position_embeddings, then what the rotary module of the model it builds
     computes for every layer type that applies RoPE: inv_freq and attention scaling against the reference of the
-    asked RoPE (`longctx.checkpoint.rotary`). `source` names the config in the message [default: the folder's
+    asked RoPE (`longctx.rope.built`). `source` names the config in the message [default: the folder's
     config.json, or "config.json"]. A dict is built by the config class of `checkpoint` (the folder it is for)
     when that ships code and `trust_remote_code`. Returns the built RoPE per layer type (`BuiltRope`).
 
@@ -413,7 +404,7 @@ def check_written_rope(written: str | os.PathLike | dict[str, Any], expected: Ro
         raise InputError(f"'{label}': {e}; {what}") from None
     asked = {lt: reference_params(per_type[lt] if per_type else expected) for lt in rope
              if per_type is None or lt in per_type}
-    wrong = rope_differences(rope, asked, getattr(built, "max_position_embeddings", None))
+    wrong = rope_differences(rope, asked, getattr(built_text_config(built), "max_position_embeddings", None))
     if wrong:
         raise InputError(f"'{label}': the model transformers builds from it computes {'; '.join(wrong)}; {what}")
     return rope
@@ -438,7 +429,9 @@ def _built_config(written: Path | dict[str, Any], checkpoint: str | os.PathLike 
 def _read_back_differently(built: Any, expected: RopeSettings | Mapping[str, RopeSettings],
                            per_type: dict[str, RopeSettings] | None) -> list[str]:
     """What the built config reads differently from `expected` (`per_type`: it per layer type): its RoPE dict per
-    layer type, or its one, and the max_position_embeddings of the layers that see the whole sequence."""
+    layer type, or its one, and the max_position_embeddings of the layers that see the whole sequence (of the
+    language model's part of a composite config)."""
+    built = built_text_config(built)
     params = getattr(built, "rope_parameters", None) or {}
     if per_type:
         long = per_type[long_layer_type(list(per_type))]

@@ -11,7 +11,7 @@ transformers 5.19: every `<Family>RotaryEmbedding(config, device=None)` keeps `i
 and `rope_type`; per-layer-type modules (`Gemma3RotaryEmbedding`) keep `<layer type>_inv_freq`,
 `<layer type>_attention_scaling` and a `rope_type` dict (modeling_gemma3.py); `ROPE_INIT_FUNCTIONS` in
 modeling_rope_utils.py. `reference_rope` computes the same from the asked parameters without the model's
-classes (YaRN by `longctx.checkpoint.yarn_reference`).
+classes (YaRN by `longctx.rope.reference`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from longctx.checkpoint import yarn_reference as ref
 from longctx.checkpoint.load import transformers_quiet
+from longctx.checkpoint.text_config import built_text_config
 from longctx.core.errors import InputError, exception_line
+from longctx.rope.types import rope_type as rope_type_of
 
 # Model types whose attention skips RoPE in some layers: (config, layer index) -> whether that layer applies
 # it, as the attention's forward decides in transformers 5.19 models/<type>/modeling_<type>.py.
@@ -44,8 +45,6 @@ _APPLIES_ROPE = {
     # AfmoeAttention: RoPE only `if self.is_local_attention`
     "afmoe": lambda c, i: c.layer_types[i] == "sliding_attention",
 }
-# Types that keep `original_max_position_embeddings` as the pre-scaling length (`standardize_rope_params`).
-_ORIGINAL_TYPES = ("yarn", "longrope", "llama3")
 # Relative tolerance of the written-RoPE check: the reference and transformers evaluate the same fp32
 # operations (YaRN bit for bit, YaRN in LongRoPE form within 1 ulp); a wrong base or factor is far beyond.
 RTOL = 1e-5
@@ -165,7 +164,7 @@ def _type_values(module, cpu, layer_type: str | None, params: dict[str, Any], ma
     inv = getattr(cpu, f"{prefix}inv_freq", None) if cpu is not None else None
     scaling = getattr(source, f"{prefix}attention_scaling", None)
     factor, original = params.get("factor"), params.get("original_max_position_embeddings")
-    if rope_type not in _ORIGINAL_TYPES:
+    if rope_type_of(rope_type).original != "pretrained":
         original = None
     elif factor is None and original and isinstance(max_pos, int):
         factor = max_pos / original  # `_compute_yarn_parameters`, `_compute_longrope_parameters`
@@ -179,7 +178,7 @@ def built_rope(config: Any, trust_remote_code: bool = False) -> dict[str, BuiltR
     """Per layer type of the transformers `config` (in the order its layers first use them): what the rotary
     module of the model transformers builds from it computes, how many layers apply it (`_APPLIES_ROPE`),
     and the attention's softmax scale. A model without a rotary module gets rope_type None for every type."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = built_text_config(config)
     try:
         model = meta_model(config, trust_remote_code)
     except InputError:
@@ -248,42 +247,10 @@ def reach_notes(built: Mapping[str, BuiltRope], change: str, changed: list[str] 
 def reference_rope(params: Mapping[str, Any], dim: int, max_position_embeddings: int | None):
     """(inv_freq (fp32, dim / 2), attention scaling) of the RoPE `params` ({"rope_type", "rope_theta",
     "factor", "original_max_position_embeddings", ...}) at `dim` rotated dimensions, computed without the
-    model's classes: default and linear from the base, YaRN by `yarn_reference` (DeepSeek's mscale keys
-    included), other types by transformers' `ROPE_INIT_FUNCTIONS` on a plain config holding only `params`.
-    None when transformers has no initialiser for the type."""
-    import torch
-
-    kind, base = params.get("rope_type", "default"), params["rope_theta"]
-    factor, original = params.get("factor"), params.get("original_max_position_embeddings")
-    if kind in ("default", "linear"):
-        inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-        return (inv / factor if kind == "linear" else inv), 1.0
-    if kind == "yarn":
-        if factor is None:
-            factor = max_position_embeddings / original
-        betas = {k: params[k] for k in ("beta_fast", "beta_slow") if params.get(k)}
-        inv = ref.yarn_inv_freq(dim, base, factor, original, truncate=params.get("truncate", True), **betas)
-        return inv, ref.yarn_attention_factor(factor, params.get("mscale"), params.get("mscale_all_dim"),
-                                              params.get("attention_factor"))
-    return _transformers_reference(kind, params, dim, max_position_embeddings)
-
-
-def _transformers_reference(kind: str, params: Mapping[str, Any], dim: int, max_pos: int | None):
-    """transformers' own initialiser of `kind` on a LlamaConfig that holds `params` and nothing of the family."""
-    from transformers import LlamaConfig
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    init = ROPE_INIT_FUNCTIONS.get(kind)
-    if init is None:
-        return None
-    # `dim` counts the rotated dimensions, except for proportional RoPE, which spreads its frequencies over the
-    # whole head and zeroes the rest (`_compute_proportional_rope_parameters`)
-    rope = {k: v for k, v in params.items() if k != "partial_rotary_factor" or kind == "proportional"}
-    with transformers_quiet():
-        plain = LlamaConfig(hidden_size=dim, num_attention_heads=1, head_dim=dim, num_hidden_layers=1,
-                            max_position_embeddings=max_pos or 2048, rope_parameters=dict(rope))
-        inv, scaling = init(plain, "cpu")
-    return inv.float(), float(scaling)
+    model's classes by its type's reference (`longctx.rope.types`: default and linear from the base, YaRN by
+    `longctx.rope.reference`, DeepSeek's mscale keys included, other types by transformers' `ROPE_INIT_FUNCTIONS`
+    on a plain config holding only `params`). None when there is none for the type."""
+    return rope_type_of(params.get("rope_type", "default")).reference(params, dim, max_position_embeddings)
 
 
 def _described(params: Mapping[str, Any]) -> str:

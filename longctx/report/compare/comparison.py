@@ -1,7 +1,7 @@
 """What `longctx compare` (`longctx.report.compare`) finds, as typed values: a row per run (`ComparedRun`) with its
 table score and interval per length, the table's lengths (`ScoreTable`), the differences between runs with their
-statistics (`RunDifference`), and the notes. `compare_table` and `compare_stats` compute them, `compare_text`
-renders them and `compare_files` writes them."""
+statistics (`RunDifference`), and the notes. `table` and `stats` compute them, `text`
+renders them and `files` writes them (modules of this package)."""
 
 from __future__ import annotations
 
@@ -132,9 +132,9 @@ class Comparison:
     baseline_of: dict[str, str] = field(default_factory=dict)
     against_parent: dict[str, RunDifference] | None = None  # table5: run name -> it − its parent
     show_intervals: bool = False  # scores shown as `score ± half-width`
-    seed_groups: list[Any] = field(default_factory=list)  # `compare_seeds.SeedGroup`s (--replicates)
+    seed_groups: list[Any] = field(default_factory=list)  # `seeds.SeedGroup`s (--replicates)
     seed_baseline: str | None = None  # the group holding the baseline run
-    seed_differences: dict[str, Any] = field(default_factory=dict)  # group -> `compare_seeds.GroupDifference`
+    seed_differences: dict[str, Any] = field(default_factory=dict)  # group -> `seeds.GroupDifference`
     columns: list[str] = field(default_factory=list)
     rows: list[list[str]] = field(default_factory=list)
     markdown: str = ""
@@ -172,8 +172,8 @@ class Comparison:
     def differences(self) -> dict[str, dict[str, dict[str, Any]]]:
         """"baseline" (vs the baseline) or "parent" (table5) -> run name -> `RunDifference.as_dict()`."""
         found = {"baseline": self.against_baseline, "parent": self.against_parent}
-        return {kind: {n: d.as_dict() for n, d in entries.items()}
-                for kind, entries in found.items() if entries is not None}
+        return {versus: {n: d.as_dict() for n, d in entries.items()}
+                for versus, entries in found.items() if entries is not None}
 
     @property
     def parents(self) -> dict[str, str]:

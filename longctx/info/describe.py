@@ -7,22 +7,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
+from longctx.checkpoint.classes import known_model_type
 from longctx.checkpoint.directory import checkpoint_dir, count_parameters, fingerprint, read_config, read_provenance
 from longctx.checkpoint.hub import hub_origin
-from longctx.checkpoint.load import (
-    known_model_type,
-    model_config,
-    remote_code,
-    sliding_window,
-    trust_remote_code_setting,
-)
-from longctx.checkpoint.rope import read_rope
-from longctx.checkpoint.rotary import built_rope
+from longctx.checkpoint.load import model_config, remote_code, sliding_window, trust_remote_code_setting
+from longctx.checkpoint.text_config import text_config, text_config_key
 from longctx.core.errors import InputError
 from longctx.core.kinds import Bool, Text
 from longctx.core.settings import REQUIRED, Settings, setting
 from longctx.models.gates import PAPER_ROWS, GateSpec, gate_name, gate_of
 from longctx.models.variants import attention_label, attention_variant
+from longctx.rope.built import built_rope
+from longctx.rope.config import read_rope
 
 
 @dataclass(frozen=True)
@@ -63,7 +59,7 @@ def model_info(path: str | os.PathLike, fp: str | None = None, trust_remote_code
     return ModelInfo(checkpoint=str(ckpt.resolve()), name=name or model_name(ckpt), fingerprint=fp or fingerprint(ckpt),
                      architecture=(cfg.get("architectures") or [None])[0],
                      attention=attention_label(attention_variant(cfg)), rope_type=rope.rope_type,
-                     yarn_factor=rope.factor if rope.rope_type == "yarn" else None,
+                     yarn_factor=rope.yarn_factor,
                      context_length=rope.context_length, trained_length=rope.trained_length,
                      parent_fingerprint=parent, hub=hub,
                      sliding_window=sliding_window(model_config(ckpt, trust_remote_code=trust_remote_code)),
@@ -117,6 +113,8 @@ class Description:
     checkpoint: str
     architecture: str | None
     model_type: str | None
+    # of a composite config, where its language model's config is and its model type: "text_config (gemma3_text)"
+    language_model: str | None
     attention: str
     rope_type: str
     rope_theta: int | float
@@ -150,8 +148,9 @@ def describe(path: str | os.PathLike, trust_remote_code: bool = False) -> Descri
     config = model_config(p, trust_remote_code=trust_remote_code)
     return Description(
         checkpoint=str(p), architecture=(cfg.get("architectures") or [None])[0], model_type=cfg.get("model_type"),
-        attention=attention_label(attention_variant(cfg)), rope_type=rope.rope_type, rope_theta=rope.theta,
-        rope_theta_from_default=rope.theta_is_default, yarn_factor=rope.factor if rope.rope_type == "yarn" else None,
+        language_model=_language_model(cfg), attention=attention_label(attention_variant(cfg)),
+        rope_type=rope.rope_type, rope_theta=rope.theta,
+        rope_theta_from_default=rope.theta_is_default, yarn_factor=rope.yarn_factor,
         rope_factor=rope.scaling_factor, original_max_position_embeddings=rope.original_max_position_embeddings,
         max_position_embeddings=rope.max_position_embeddings, context_length=rope.context_length,
         parameters=count_parameters(Path(p)), gate=gate_text(gate_of(cfg)),
@@ -159,6 +158,12 @@ def describe(path: str | os.PathLike, trust_remote_code: bool = False) -> Descri
         fingerprint=fingerprint(p), hub=hub_origin(p),
         sliding_window=sliding_window(config), remote_code=ran_remote_code(cfg, trust_remote_code),
         rope_layers=_built_summary(config, trust_remote_code))
+
+
+def _language_model(cfg: dict) -> str | None:
+    """'text_config (gemma3_text)': where a composite config keeps its language model's, None for a flat one."""
+    key = text_config_key(cfg)
+    return None if key is None else f"{key} ({text_config(cfg).get('model_type')})"
 
 
 def gate_text(spec: GateSpec | None) -> str | None:

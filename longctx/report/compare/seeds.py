@@ -15,8 +15,8 @@ from longctx.core.errors import ref
 from longctx.core.kinds import did_you_mean
 from longctx.core.units import length_label
 from longctx.report import stats
-from longctx.report.compare_stats import paired_samples
-from longctx.report.comparison import ComparedRun, ScoreTable
+from longctx.report.compare.comparison import ComparedRun, ScoreTable
+from longctx.report.compare.stats import paired_samples
 from longctx.report.seeds import (
     METHOD_WORDS,
     T_ACROSS_SEEDS,

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from longctx.core.units import length_label
 from longctx.report import stats
-from longctx.report.comparison import Bounds, ComparedRun, ReportedDifference, RunDifference, Samples, ScoreTable
+from longctx.report.compare.comparison import (
+    Bounds,
+    ComparedRun,
+    ReportedDifference,
+    RunDifference,
+    Samples,
+    ScoreTable,
+)
 from longctx.report.samples import scored_samples
 
 # Per length, the two runs' per-sample scores (per task) of the samples they answered on the same prompts

@@ -9,7 +9,7 @@ from longctx.core.errors import InputError, SettingError, ref
 from longctx.core.kinds import did_you_mean
 from longctx.core.units import length_label
 from longctx.eval.scoring import score_predictions
-from longctx.report.comparison import ComparedRun, ScoreTable
+from longctx.report.compare.comparison import ComparedRun, ScoreTable
 from longctx.report.external import load_run
 from longctx.report.results import per_length_means
 from longctx.report.samples import sample_answers

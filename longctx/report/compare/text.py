@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from longctx.core.units import length_label
 from longctx.report import stats
-from longctx.report.compare_seeds import seeds_markdown
-from longctx.report.comparison import ComparedRun, Comparison, ReportedDifference, RunDifference
+from longctx.report.compare.comparison import ComparedRun, Comparison, ReportedDifference, RunDifference
+from longctx.report.compare.seeds import seeds_markdown
 from longctx.report.settings import LAYOUTS
 from longctx.report.sinks import COMPARE_COLUMNS, TABLE4_COLUMNS, Table4Row, compare_cells, table4_cells
 from longctx.report.tables import fmt, fmt_pm, markdown_row
