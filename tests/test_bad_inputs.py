@@ -95,6 +95,10 @@ def world(tmp_path_factory, tiny_checkpoint):
     shutil.copytree(tiny_checkpoint, inside)
     (root / "inside.yaml").write_text(yaml.safe_dump({"models": {"m": {"checkpoint": str(inside)}},
                                                       "yarn": {"factor": 2}}))
+    (root / "seeds.yaml").write_text(yaml.safe_dump({"models": {"m": {"checkpoint": str(root / "ckpt")}},
+                                                     "yarn": {"factor": 2}, "sweep": {"seeds": [0, 2**32]}}))
+    (root / "huge-int.yaml").write_text(f"models:\n  m:\n    checkpoint: {root / 'ckpt'}\nyarn:\n  factor: "
+                                        f"{'9' * 5000}\n")
     (root / "cuda.yaml").write_text(yaml.safe_dump({
         "models": {"m": {"checkpoint": str(root / "long")}},
         "ruler": {"lengths": "1k", "tasks": "vt", "samples": 1, "backend": "hf",
@@ -172,10 +176,21 @@ CASES = [
     ("run {w}/inside.yaml -o {w}/runs", "lies inside this run's output folder"),
     ("run {w}/inside.yaml -o {w}/afile", "is a file, not a folder"),
     ("run {w}/cuda.yaml -o {w}/new --dry-run", "ruler.backend_options.device cuda: torch sees no CUDA device"),
+    # numbers out of range where they are read: a seed every generator takes (numpy's below 2**32), an integer
+    # Python refuses to convert (over 4,300 digits)
+    *[(f"{verb} --seed 4294967296", "--seed is invalid: 4294967296 is not in the range 0<=x<=4294967295")
+      for verb in ("init {w}/new --preset tiny --attention baseline",
+                   "extend {w}/ckpt --rope-base 1e5 --seq-len 512 --data synthetic:mixed --steps 1 -o {w}/new",
+                   "ruler prepare --tokenizer {w}/ckpt --lengths 1k --tasks vt -o {w}/new",
+                   "ruler {w}/long --lengths 1k --tasks vt --backend hf -o {w}/new",
+                   "sinks {w}/ckpt --tokens 256 -o {w}/new")],
+    ("init {w}/new --preset tiny --attention baseline --seed " + "9" * 5000, "(5,000 characters) is not a valid"),
+    ("run {w}/seeds.yaml -o {w}/new --dry-run", "4294967296 is not in the range 0<=x<=4294967295"),
+    ("run {w}/huge-int.yaml -o {w}/new --dry-run", "a YAML integer of 5,000 digits"),
 ]
 
 
-@pytest.mark.parametrize("argv,message", CASES, ids=[c[0].replace("{w}/", "") for c in CASES])
+@pytest.mark.parametrize("argv,message", CASES, ids=[c[0].replace("{w}/", "")[:80] for c in CASES])
 def test_bad_input_is_one_line_exit_2_nothing_written(argv, message, world, monkeypatch):
     import torch
 

@@ -235,6 +235,9 @@ def test_retry_after_values():
     assert retry_after(format_datetime(now - timedelta(seconds=30), usegmt=True), now) == 0.0  # already passed
     assert retry_after("86400", now) == MAX_RETRY_AFTER_S
     assert retry_after(None, now) is None and retry_after("soon", now) is None and retry_after("-5", now) is None
+    # digits that are not ASCII digits ("²", "٣"), and more digits than a float holds: not delay-seconds, or the cap
+    assert retry_after("²", now) is None and retry_after("٣", now) is None
+    assert retry_after("9" * 5000, now) == MAX_RETRY_AFTER_S
 
 
 def test_5xx_is_retried_then_fails_in_one_line(serve):

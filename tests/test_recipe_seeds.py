@@ -66,7 +66,7 @@ def test_dry_run_shows_the_whole_grid(tmp_path):
 @pytest.mark.parametrize("sweep,message", [
     ({"stages": ["pretrain"]}, "sweep.seeds is required"),
     ({"seeds": [0, 0]}, "sweep.seeds names a seed twice"),
-    ({"seeds": [-1]}, "sweep.seeds is invalid: -1 is not in the range x>=0"),
+    ({"seeds": [-1]}, "sweep.seeds is invalid: -1 is not in the range 0<=x<=4294967295"),
     ({"seeds": [0], "stages": ["yarn"]}, "sweep.stages names 'yarn', not a stage of this recipe with a seed"),
     ({"seeds": [0], "stages": ["extend"]}, "sweep.stages names 'extend', not a stage of this recipe with a seed"),
     ({"seeds": [0], "colour": 1}, "unknown key 'sweep.colour'"),

@@ -131,20 +131,41 @@ class Bool(Kind):
 class Int(Kind):
     metavar = "INTEGER"
 
-    def __init__(self, minimum: int | None = None):
-        self.minimum = minimum
+    def __init__(self, minimum: int | None = None, maximum: int | None = None):
+        self.minimum, self.maximum = minimum, maximum
 
     def parse(self, value):
         if isinstance(value, str):
             try:
                 value = int(value.replace("_", ""))
             except ValueError:
-                raise KindError(f"is invalid: {value!r} is not a valid integer") from None
+                shown = repr(value) if len(value) <= 40 else f"{value[:20]!r}... ({len(value):,} characters)"
+                raise KindError(f"is invalid: {shown} is not a valid integer") from None
         if isinstance(value, bool) or not isinstance(value, int):
             raise KindError(f"must be an integer, got {value!r}")
-        if self.minimum is not None and value < self.minimum:
-            raise KindError(f"is invalid: {value} is not in the range x>={self.minimum}")
+        low_ok = self.minimum is None or value >= self.minimum
+        high_ok = self.maximum is None or value <= self.maximum
+        if not (low_ok and high_ok):
+            raise KindError(f"is invalid: {value} is not in the range {self._range()}")
         return value
+
+    def _range(self) -> str:
+        if self.maximum is None:
+            return f"x>={self.minimum}"
+        if self.minimum is None:
+            return f"x<={self.maximum}"
+        return f"{self.minimum}<=x<={self.maximum}"
+
+
+# numpy's generators (`np.random.seed`, `RandomState`) take seeds below 2**32; torch's and Python's take more.
+MAX_SEED = 2**32 - 1
+
+
+class Seed(Int):
+    """A random seed every generator longctx seeds takes: 0 to 2**32 - 1."""
+
+    def __init__(self):
+        super().__init__(0, MAX_SEED)
 
 
 class Float(Kind):
@@ -278,16 +299,16 @@ def _local(value: str, base: Path) -> str:
 
 
 class Seeds(Kind):
-    """Distinct seeds (integers >= 0): '0,1,2' or [0, 1, 2]."""
+    """Distinct seeds (each a `Seed`): '0,1,2' or [0, 1, 2]."""
 
     metavar = "SEEDS"
-    words = "a list of distinct integers >= 0"
+    words = f"a list of distinct integers from 0 to {MAX_SEED}"
 
     def parse(self, value):
         items = value.split(",") if isinstance(value, str) else value
         if not isinstance(items, (list, tuple)) or not items:
             raise self.wrong(value)
-        seeds = [Int(minimum=0).parse(v.strip() if isinstance(v, str) else v) for v in items]
+        seeds = [Seed().parse(v.strip() if isinstance(v, str) else v) for v in items]
         if len(set(seeds)) != len(seeds):
             raise KindError(f"names a seed twice: {value!r}")
         return seeds

@@ -19,6 +19,9 @@ from typing import Any
 MAX_DEPTH = 100
 # A recipe is a few hundred nodes; a YAML alias bomb is billions.
 MAX_YAML_NODES = 100_000
+# The longest integer a document may hold: no count, length or seed has a tenth of this many digits, and Python
+# refuses to convert more than 4,300 (with a ValueError about its own limit).
+MAX_INT_DIGITS = 100
 
 
 class LimitError(ValueError):
@@ -100,7 +103,15 @@ def load_yaml(text: str, *, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_YAM
             seen.add(key)
         return loader.construct_mapping(node, deep=deep)
 
+    def integer(loader: Loader, node: yaml.ScalarNode) -> int:
+        # Python refuses to convert more than 4,300 digits with a ValueError about its own limit (no YAMLError)
+        digits = sum(c.isalnum() for c in str(node.value))
+        if digits > MAX_INT_DIGITS:
+            raise LimitError(f"a YAML integer of {digits:,} digits, over the limit of {MAX_INT_DIGITS}")
+        return loader.construct_yaml_int(node)
+
     Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    Loader.add_constructor("tag:yaml.org,2002:int", integer)
     loader = Loader(text)
     try:
         root = loader.get_single_node()

@@ -19,7 +19,7 @@ def retry_after(value: str | None, now: datetime | None = None, cap: float = MAX
     if value is None or not value.strip():
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # delay-seconds is ASCII digits ("²".isdigit() is True too)
         seconds = float(value)
     else:
         try:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from longctx.checkpoint.load import trust_remote_code_setting
 from longctx.core.errors import SettingError, ref
-from longctx.core.kinds import Bool, Choice, Int, JsonObject, Lengths, LocalPath, Names, Source, Text
+from longctx.core.kinds import Bool, Choice, Int, JsonObject, Lengths, LocalPath, Names, Seed, Source, Text
 from longctx.core.settings import REQUIRED, Settings, setting
 from longctx.eval.backends import (
     BUILTIN_BACKENDS,
@@ -31,7 +31,7 @@ class RulerTaskSettings(Settings):
     lengths: list[int] = setting(REQUIRED, Lengths(), "Context lengths, e.g. 4k,8k,16k,32k,64k,128k (k/K = x1024).")
     tasks: list[str] | None = setting(None, Names(), f"Comma-separated task names [default: all {len(TASK_NAMES)}].")
     samples: int = setting(500, Int(minimum=1), "Samples per task and length.")
-    seed: int = setting(42, Int(), "Task generation seed.")
+    seed: int = setting(42, Seed(), "Task generation seed.")
     template: str = setting("base", Choice(TEMPLATE_NAMES, "template"),
                             "base: RULER's plain prompt; chat: the tokenizer's chat template, answer prefix in the "
                             "assistant turn.")

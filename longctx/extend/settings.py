@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from longctx.checkpoint.load import trust_remote_code_setting
 from longctx.core.errors import InputError, ref
-from longctx.core.kinds import Bool, Choice, Count, Float, Int, Length, LocalPath, Number, Specs, Text
+from longctx.core.kinds import Bool, Choice, Count, Float, Int, Length, LocalPath, Number, Seed, Specs, Text
 from longctx.core.settings import REQUIRED, Settings, setting
 from longctx.data.sources import check_data_specs
 
@@ -54,7 +54,7 @@ class ExtendSettings(Settings):
     grad_clip: float = setting(1.0, Float(0, words="a number >= 0"), "Gradient-norm clip (0: none).")
     save_every: int | None = setting(None, Int(minimum=1), "Save resumable state every N steps [default: at the "
                                                            "end].")
-    seed: int = setting(0, Int(), "Seed of the data order and synthetic data.")
+    seed: int = setting(0, Seed(), "Seed of the data order and synthetic data.")
     dtype: str | None = setting(None, Choice(DTYPES, "dtype"),
                                 "Compute dtype [default: bfloat16 on GPU, float32 on CPU].")
     trust_remote_code: bool = trust_remote_code_setting()

@@ -10,7 +10,7 @@ from longctx.checkpoint.directory import is_tokenizer_file
 from longctx.checkpoint.hub import parse_hub_id
 from longctx.checkpoint.load import trust_remote_code_setting
 from longctx.core.errors import InputError, ref
-from longctx.core.kinds import Bool, CheckpointPath, Choice, Int, Kind, KindError, LocalPath, Overrides
+from longctx.core.kinds import Bool, CheckpointPath, Choice, Int, Kind, KindError, LocalPath, Overrides, Seed
 from longctx.core.settings import REQUIRED, Settings, setting
 from longctx.init.presets import PRESETS
 from longctx.models.gates import CHOICES, gate_name, parse_gate
@@ -69,7 +69,7 @@ class InitSettings(Settings):
     match_params: bool = setting(False, Bool(), "Shrink a gated model's FFN so its size equals the baseline's.")
     dtype: str | None = setting(None, Choice(DTYPES, "dtype"),
                                 "Weights dtype [default: float32 for tiny, bfloat16 for paper-1.7b].")
-    seed: int = setting(0, Int(), "Random seed of the initialisation.")
+    seed: int = setting(0, Seed(), "Random seed of the initialisation.")
     tie_embeddings: bool | None = setting(None, Bool(), "Tie the output layer to the input embedding or give it "
                                                         "its own matrix [default: the preset's, tied].",
                                           flag="--tie-embeddings/--untie-embeddings")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from longctx.checkpoint.load import check_device, trust_remote_code_setting
 from longctx.core.errors import InputError, ref
-from longctx.core.kinds import Bool, Choice, Count, Int, Length, LocalPath, Source, Text
+from longctx.core.kinds import Bool, Choice, Count, Int, Length, LocalPath, Seed, Source, Text
 from longctx.core.settings import Settings, setting
 from longctx.data.sources import check_data_specs
 
@@ -35,7 +35,7 @@ class SinksSettings(Settings):
     dtype: str | None = setting(None, Choice(DTYPES, "dtype"), "Weights dtype [default: auto on GPU, float32 on "
                                                                "CPU].")
     device: str | None = setting(None, Text(), "cpu, cuda, cuda:1, ... [default: cuda when available].")
-    seed: int = setting(0, Int(), "Seed of synthetic data.")
+    seed: int = setting(0, Seed(), "Seed of synthetic data.")
     plot: bool = setting(True, Bool(), "Write sinks.png (needs longctx[plot]).", flag="--plot/--no-plot")
     name: str | None = setting(None, Text(), "The model's name in tables [default: its Hub id, or its folder's name; "
                                              "in a recipe, the run's].", recipe=False)
