@@ -171,6 +171,7 @@ CASES = [
     # compare
     ("compare {w}/partial-run", "is incomplete or corrupt"),
     ("compare {w}/partial-run -o {w}/afile", "is a file, not a folder"),
+    ("compare {w}/partial-run --replicates a={w}/x --replicates a={w}/y", "--replicates names 'a' twice"),
     # run
     ("run {w}/inside.yaml -o {w}/runs --dry-run", "lies inside this run's output folder"),
     ("run {w}/inside.yaml -o {w}/runs", "lies inside this run's output folder"),

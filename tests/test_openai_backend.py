@@ -325,3 +325,17 @@ def test_the_api_key_is_sent_and_never_kept(serve, monkeypatch):
     other = serve(key="sk-other")
     backend(serve, other, api_key_env="MY_KEY").check()
     assert other.seen[0]["auth"] == "Bearer sk-other" and os.environ["OPENAI_API_KEY"] == "sk-secret-123"
+
+
+def test_a_secret_or_an_absurd_count_in_a_reply_is_not_kept(serve, monkeypatch):
+    """A server that echoes the Authorization header into its completion text gets the key masked before the
+    prediction is stored; a prompt_tokens no tokenizer could give (negative, more tokens than characters, not an
+    integer) is not recorded."""
+    counts = [-5, 10**12, True, 7]
+    server = serve(key="sk-secret-123", completion=lambda i: (200, None, {
+        "choices": [{"index": 0, "text": "echo: Authorization: Bearer sk-secret-123"}],
+        "usage": {"prompt_tokens": counts[i]}}))
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret-123")
+    got = sorted(collect(backend(serve, server, concurrency=1), requests(4)))
+    assert [text for _, text, _ in got] == ["echo: Authorization: Bearer ***"] * 4
+    assert [tokens for _, _, tokens in got] == [None, None, None, 7]

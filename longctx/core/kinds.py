@@ -459,6 +459,9 @@ class NamedLists(Kind):
                 items = [v.strip() for v in text.split(",") if v.strip()]
                 if not sep or not name.strip() or not items:
                     raise KindError(f"is invalid: '{item}' is not NAME=A,B,... (e.g. baseline=runs/b0,runs/b1)")
+                if name.strip() in out:  # the later one would replace the earlier silently
+                    raise KindError(f"names '{name.strip()}' twice; give each name once, with all of its items "
+                                    "(NAME=A,B,...)")
                 out[name.strip()] = items
             return out
         if not isinstance(value, dict) or not all(

@@ -383,7 +383,11 @@ class OpenAIBackend(Backend):
                              f"({self._said(reply)})") from None
         usage = doc.get("usage")
         tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
-        return text, tokens if isinstance(tokens, int) else None
+        # a count no tokenizer gives (a token is at least a character, beside a few special tokens) is not recorded
+        plausible = isinstance(tokens, int) and not isinstance(tokens, bool) and 0 < tokens <= len(r.prompt) + 16
+        # a server (or a proxy) that echoes the request's Authorization header into its text must not put the key
+        # in the prediction files
+        return self.endpoint.scrub(text), tokens if plausible else None
 
     def generate(self, requests: Iterable[Request], on_result: OnResult) -> None:
         """Complete `requests`, `concurrency` at a time, reporting each as it finishes. When one fails for good,
