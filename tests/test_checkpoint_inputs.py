@@ -435,3 +435,16 @@ def test_vllm_engine_start_failure_is_one_line_with_the_full_output_in_a_log(tin
     assert "Engine core initialization failed" not in r.stderr
     text = log.read_text()
     assert "Traceback" in text and "Engine core initialization failed" in text
+
+
+def test_a_config_no_model_generates_text_for_is_one_line_before_and_without_weights(tmp_path):
+    """A config transformers has neither a causal LM nor an image-text-to-text model for (CLIP) is refused in one
+    line by the loader, whether or not weight files are there to compare."""
+    from transformers import CLIPConfig
+
+    from longctx.checkpoint.load import load_model
+    from longctx.core.errors import InputError
+
+    CLIPConfig().save_pretrained(tmp_path)
+    with pytest.raises(InputError, match="transformers has no model that generates text for its CLIPConfig"):
+        load_model(tmp_path)

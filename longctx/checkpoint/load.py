@@ -144,6 +144,15 @@ def text_generation_class(config: Any) -> Any:
     return None
 
 
+def _generation_class(path: str | os.PathLike, config: Any) -> Any:
+    """`text_generation_class(config)`, or InputError naming checkpoint `path` when transformers has none."""
+    auto = text_generation_class(config)
+    if auto is None:
+        raise InputError(f"checkpoint '{path}': transformers has no model that generates text for its "
+                         f"{type(config).__name__} (no causal LM, no image-text-to-text model)")
+    return auto
+
+
 def check_weight_shapes(path: str | os.PathLike, config: Any, trust_remote_code: bool = False) -> None:
     """InputError naming the first tensor whose shape in the checkpoint's safetensors headers differs from the
     model that the transformers `config` describes (tensors only one side has are not compared)."""
@@ -152,10 +161,7 @@ def check_weight_shapes(path: str | os.PathLike, config: Any, trust_remote_code:
     stored = safetensors_shapes(path)
     if not stored:
         return
-    auto = text_generation_class(config)
-    if auto is None:
-        raise InputError(f"checkpoint '{path}': transformers has no model that generates text for its "
-                         f"{type(config).__name__} (no causal LM, no image-text-to-text model)")
+    auto = _generation_class(path, config)
     try:
         with torch.device("meta"), transformers_quiet():
             model = auto.from_config(config, trust_remote_code=trust_remote_code)
@@ -190,7 +196,7 @@ def load_model(path: str | os.PathLike, *, dtype: Any = "auto", device: str | No
     if config is not None:
         kwargs["config"] = built
     try:
-        model = text_generation_class(built).from_pretrained(path, **kwargs)
+        model = _generation_class(path, built).from_pretrained(path, **kwargs)
     except (OSError, ValueError, KeyError) as e:
         raise InputError(f"cannot load the model in '{path}': {exception_line(e)}") from None
     return model.to(device) if device is not None else model
