@@ -16,18 +16,21 @@ the Punkt model and nltk's version: a later run that asks for the same sizes imp
 from __future__ import annotations
 
 import bisect
-import contextlib
 import string
 from collections import OrderedDict
 from importlib import metadata
 from pathlib import Path
 
-from longctx.core.files import cache_dir, json_object, write_json
+from longctx.core import cache
 from longctx.core.hashing import hash_json
 from ruler_tasks.data import DataSource, essay_haystack
 from ruler_tasks.punkt import PUNKT_SHA256, punkt_tokenizer
 
-FORMAT = "longctx-essay-sentences/1"
+FORMAT = "longctx-essay-sentences/2"
+# Bounds of what is read back: words a text may cover (RULER's essay haystack at 1M tokens is under a million
+# words), and the cache file's size.
+MAX_WORDS = 1 << 24
+CACHE_BYTES = 1 << 30
 # Characters of the prefix left for the rest to be tokenized on its own: Punkt's decision at a break reads the
 # word before it and the token after it, and its realignment of closing quotes a few characters more.
 MARGIN = 2000
@@ -71,6 +74,13 @@ class EssaySentences:
             lengths.append(total)
         self.base = self.base + (" " if self.covered else "") + " ".join(new)
         self.covered = n
+
+    def _text_length(self, n: int) -> int:
+        """len(" ".join of the first n words, repeated)), without making it."""
+        if n == 0 or not self.words:
+            return 0
+        rounds, rest = divmod(n, len(self.words))
+        return rounds * sum(map(len, self.words)) + sum(map(len, self.words[:rest])) + n - 1
 
     def _end(self, n: int) -> int:
         """Where `" ".join(words[:n]).strip()` ends in `base`."""
@@ -147,37 +157,66 @@ class EssaySentences:
     @property
     def file(self) -> Path | None:
         """Where the cache keeps this essay's sentences (the cache folder may change while a process lives)."""
-        return cache_dir() / "ruler" / f"essay-sentences-{self.key}.json" if self.key else None
+        return cache.cache_dir() / "ruler" / f"essay-sentences-{self.key}.json" if self.key else None
 
     def _read(self) -> None:
-        if self.file is None or not self.file.is_file():
+        """What the cache keeps of this essay, when it is sealed for this essay by this user
+        (`longctx.core.cache`) and well formed within bounds; else nothing (it is computed again)."""
+        doc = cache.read_json(self.file, CACHE_BYTES) if self.file is not None else None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             return
-        with contextlib.suppress(Exception):  # a torn or foreign file: computed again
-            doc = json_object(self.file)
-            if doc.get("format") != FORMAT:
+        covered, flat, kept = doc.get("covered"), doc.get("spans"), doc.get("splits")
+        if not (_count(covered, MAX_WORDS) and isinstance(kept, dict)):
+            return
+        text = self._text_length(covered)
+        if not _spans_ok(flat, text):
+            return
+        splits = {}
+        for n, split in kept.items():
+            if not (n.isdigit() and int(n) <= covered and isinstance(split, list) and len(split) == 2
+                    and _count(split[0], len(flat) // 2) and _spans_ok(split[1], text)):
                 return
-            covered, flat = int(doc["covered"]), doc["spans"]
-            splits = {int(n): (int(j), list(zip(f[0::2], f[1::2]))) for n, (j, f) in doc["splits"].items()}
-            self._grow_text(covered)
-            self._set_spans(list(zip(flat[0::2], flat[1::2])), 0)
-            self.splits = splits
+            splits[int(n)] = (split[0], list(zip(split[1][0::2], split[1][1::2])))
+        self._grow_text(covered)
+        self._set_spans(list(zip(flat[0::2], flat[1::2])), 0)
+        self.splits = splits
 
     def keep(self) -> None:
         """Write what was computed to the cache, with the splits another process wrote there meanwhile (every
         split holds for any text that covers its size)."""
-        if self.file is None or not (self._changed or not self.file.is_file()):
+        if self.file is None or not self._changed:
             return
-        with contextlib.suppress(OSError, ValueError):  # a read-only or raced cache only costs time
-            doc = json_object(self.file) if self.file.is_file() else {}
-            splits = {str(n): [j, [x for span in rest for x in span]] for n, (j, rest) in self.splits.items()}
-            if doc.get("format") == FORMAT and isinstance(doc.get("splits"), dict):
+        folder = cache.folder("ruler")
+        if folder is None:
+            return
+        doc = cache.read_json(self.file, CACHE_BYTES)
+        doc = doc if isinstance(doc, dict) and doc.get("format") == FORMAT else {}
+        splits = {str(n): [j, [x for span in rest for x in span]] for n, (j, rest) in self.splits.items()}
+        out = {"format": FORMAT, "covered": self.covered, "spans": [x for span in self.spans for x in span]}
+        if (_count(doc.get("covered"), MAX_WORDS) and doc["covered"] > self.covered
+                and _spans_ok(doc.get("spans"), self._text_length(doc["covered"]))):
+            out = {k: doc[k] for k in ("format", "covered", "spans")}
+            if isinstance(doc.get("splits"), dict):
                 splits = {**doc["splits"], **splits}
-            out = {"format": FORMAT, "covered": self.covered, "spans": [x for span in self.spans for x in span]}
-            if doc.get("format") == FORMAT and isinstance(doc.get("covered"), int) and doc["covered"] > self.covered:
-                out = {k: doc[k] for k in ("format", "covered", "spans")}
-            self.file.parent.mkdir(parents=True, exist_ok=True)
-            write_json(self.file, {**out, "splits": splits}, indent=None)
+        if cache.write_json(self.file, {**out, "splits": splits}):
             self._changed = False
+
+
+def _count(value: object, most: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= most
+
+
+def _spans_ok(flat: object, text: int) -> bool:
+    """Whether `flat` is a list of span bounds [a0, b0, a1, b1, ...] in order within a text of `text` characters:
+    a_i < b_i <= a_(i+1) <= text."""
+    if not isinstance(flat, list) or len(flat) % 2:
+        return False
+    last = 0
+    for x in flat:
+        if not _count(x, text) or x < last:
+            return False
+        last = x
+    return all(a < b for a, b in zip(flat[0::2], flat[1::2]))
 
 
 def _nltk_version() -> str:

@@ -217,7 +217,7 @@ def test_index_naming_a_missing_shard_is_one_line(tiny_checkpoint, tmp_path):
 
 def test_weight_files_are_read_once_per_version(tiny_checkpoint, tmp_path, monkeypatch):
     """checkpoint_dir runs at every verb's start and inside read_config / fingerprint: each file version is
-    checked once per process, again when its size or mtime changes."""
+    checked once per process, again when it changes."""
     from longctx.checkpoint import weights
     from longctx.checkpoint.directory import checkpoint_dir, fingerprint, read_config
 
@@ -233,6 +233,26 @@ def test_weight_files_are_read_once_per_version(tiny_checkpoint, tmp_path, monke
     os.utime(ckpt / "model.safetensors", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     checkpoint_dir(ckpt)
     assert len(calls) == 2
+
+
+def test_a_fingerprint_follows_content_not_size_and_time(tiny_checkpoint, tmp_path):
+    """Weights rewritten at the same size with their modification time put back are new weights: the fingerprint
+    (and a tokenizer cache key) hash content, even in the process that hashed the old content."""
+    from longctx.checkpoint.directory import fingerprint
+    from longctx.checkpoint.prompt_tokenizer import source_key
+
+    ckpt = copy(tiny_checkpoint, tmp_path / "ckpt")
+    weights_file, tok_file = ckpt / "model.safetensors", ckpt / "tokenizer.json"
+    before, key_before = fingerprint(ckpt), source_key(ckpt, False)
+    for f, at in ((weights_file, -2), (tok_file, -1)):  # the last tensor's last element; tokenizer.json's last byte
+        st = f.stat()
+        data = bytearray(f.read_bytes())
+        data[at] ^= 1
+        f.write_bytes(bytes(data))
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert (f.stat().st_size, f.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    assert source_key(ckpt, False) != key_before
+    assert fingerprint(ckpt) != before
 
 
 def test_trainer_side_files_are_not_weights(tiny_checkpoint, tmp_path):

@@ -26,10 +26,13 @@ def one_line_exit_2(r, message):
 
 
 def _repo(hub, repo_id, commits, subfolders=("",), checkpoint=None):
-    """A repo as huggingface_hub caches one: file contents in blobs/<sha256>, snapshots/<commit>/ holding
-    relative symlinks to them, refs/main naming the first commit."""
+    """A repo as huggingface_hub caches one: file contents in blobs/<name> (sha256 for the weights, which the Hub
+    keeps in Git LFS, git's blob sha1 for the rest), snapshots/<commit>/ holding relative symlinks to them,
+    refs/main naming the first commit."""
     import hashlib
     import os
+
+    from longctx.checkpoint.hub import git_blob_sha1
 
     repo = hub / f"models--{repo_id.replace('/', '--')}"
     (repo / "refs").mkdir(parents=True)
@@ -38,7 +41,8 @@ def _repo(hub, repo_id, commits, subfolders=("",), checkpoint=None):
     for commit in commits:
         for sub in subfolders:
             for f in sorted(checkpoint.iterdir()):
-                blob = repo / "blobs" / hashlib.sha256(f.read_bytes()).hexdigest()
+                lfs = f.suffix == ".safetensors"
+                blob = repo / "blobs" / (hashlib.sha256(f.read_bytes()).hexdigest() if lfs else git_blob_sha1(f))
                 if not blob.exists():
                     shutil.copy2(f, blob)
                 link = repo / "snapshots" / commit / sub / f.name
@@ -105,6 +109,61 @@ def test_sinks_results_name_the_hub_model(hub, tmp_path):
 ])
 def test_a_hub_id_that_is_not_cached_offline_is_one_line(spec, message, hub, tmp_path):
     for argv in (["info", spec], ["yarn", spec, "--factor", "2", "-o", tmp_path / "out"]):
+        one_line_exit_2(run(*argv), message)
+    assert not (tmp_path / "out").exists()
+
+
+def _blob(link):
+    import os
+
+    return link.parent / os.readlink(link)
+
+
+def _plant_elsewhere(hub, tmp_path, tiny_checkpoint):
+    shutil.copytree(tiny_checkpoint, tmp_path / "elsewhere")
+    (hub / "models--org--tiny" / "refs" / "main").write_text("../../../../elsewhere")
+
+
+def _swap_config_blob(hub, tmp_path, tiny_checkpoint):
+    blob = _blob(hub / "models--org--tiny" / "snapshots" / COMMIT / "config.json")
+    cfg = json.loads(blob.read_text())
+    blob.chmod(0o644)
+    blob.write_text(json.dumps({**cfg, "rope_theta": 12345.0}))
+
+
+def _swap_weights_blob(hub, tmp_path, tiny_checkpoint):
+    blob = _blob(hub / "models--org--tiny" / "snapshots" / COMMIT / "model.safetensors")
+    data = bytearray(blob.read_bytes())
+    data[-2] ^= 1  # same size, other weights
+    blob.chmod(0o644)
+    blob.write_bytes(bytes(data))
+
+
+def _link_out_of_blobs(hub, tmp_path, tiny_checkpoint):
+    link = hub / "models--org--tiny" / "snapshots" / COMMIT / "config.json"
+    shutil.copy(link, tmp_path / "mine.json")
+    link.unlink()
+    link.symlink_to(tmp_path / "mine.json")
+
+
+@pytest.mark.parametrize("plant,spec,message,verbs", [
+    (_plant_elsewhere, "org/tiny", "'org/tiny' resolves to", ("info", "yarn")),
+    (None, "org/tiny@../..", "'org/tiny@../..': '../..' is not a branch, tag or commit name", ("info", "yarn")),
+    (None, "org/tiny@main/.hidden", "is not a branch, tag or commit name", ("info", "yarn")),
+    (_swap_config_blob, "org/tiny", "'org/tiny': config.json in the Hugging Face cache is not the file the Hub "
+                                    "published", ("info", "yarn")),
+    (_swap_weights_blob, "org/tiny", "'org/tiny': model.safetensors in the Hugging Face cache is not the file the "
+                                     "Hub published", ("yarn",)),
+    (_link_out_of_blobs, "org/tiny", "'org/tiny': config.json in the Hugging Face cache links to", ("info", "yarn")),
+])
+def test_the_hub_cache_is_read_as_huggingface_hub_lays_it_out(plant, spec, message, verbs, hub, tmp_path,
+                                                              tiny_checkpoint):
+    """A snapshot outside its repo's snapshots/, a revision that climbs out of refs/, a blob whose content is not
+    its name and a file linking out of blobs/ are each one line, before anything is read or written."""
+    if plant is not None:
+        plant(hub, tmp_path, tiny_checkpoint)
+    for verb in verbs:
+        argv = [verb, spec] + (["--factor", "2", "-o", tmp_path / "out"] if verb == "yarn" else [])
         one_line_exit_2(run(*argv), message)
     assert not (tmp_path / "out").exists()
 

@@ -47,7 +47,9 @@ def _cache_files(ds) -> dict[str, bytes]:
     for pool in ds._token_files:
         folder = tokens.Path(pool[0]).parent
         for name in ("tokens.bin", "doc_offsets.npy", "doc_source.npy", "meta.json"):
-            out[f"{folder.name}/{name}"] = (folder / name).read_bytes()
+            data = (folder / name).read_bytes()
+            # meta.json's seal line names the folder it was built for (each build here has its own)
+            out[f"{folder.name}/{name}"] = data.partition(b"\n")[2] if name == "meta.json" else data
     return out
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from longctx.checkpoint.config_keys import check_config_types
 from longctx.checkpoint.hub import (
     TOKENIZER_PREFIXES,
+    check_blob,
     download_command,
     hub_origin,
     offline_variable,
@@ -38,7 +39,7 @@ from longctx.checkpoint.weights import (
 from longctx.core.clock import utc_timestamp
 from longctx.core.errors import InputError
 from longctx.core.files import json_object, link_or_copy, write_json
-from longctx.core.hashing import cached_sha256_file
+from longctx.core.hashing import content_sha256s
 from longctx.core.parse import LimitError, loads
 
 PROVENANCE_FILE = "longctx.json"
@@ -179,8 +180,12 @@ def fingerprint(path: str | os.PathLike) -> str:
     p = checkpoint_dir(path)
     h = hashlib.sha256()
     h.update(json.dumps(read_config(p), sort_keys=True, separators=(",", ":")).encode())
-    for w in weight_files(p):  # every file a loader may read, shards in subfolders by their relative name
-        h.update(f"\n{w.relative_to(p).as_posix()}:{cached_sha256_file(w)}".encode())
+    files = weight_files(p)  # every file a loader may read, shards in subfolders by their relative name
+    origin = hub_origin(p)
+    for w, digest in zip(files, content_sha256s(files)):
+        if origin is not None:  # a Hub blob is the file the Hub published, or nothing is recorded of it
+            check_blob(w, origin["repo_id"], digest)
+        h.update(f"\n{w.relative_to(p).as_posix()}:{digest}".encode())
     return h.hexdigest()
 
 

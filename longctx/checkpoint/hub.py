@@ -6,17 +6,27 @@ is a branch, tag or commit, default `main`). `huggingface_hub.snapshot_download`
 cache (`HF_HOME`, `HF_HUB_CACHE`; a private repo reads `HF_TOKEN`, never stored by longctx) and returns
 the snapshot folder, `.../models--org--name/snapshots/<commit>/`. That path says which commit it is,
 so what a verb records about its input (`hub_origin`) needs no other state.
+
+The cache is read as huggingface_hub lays it out and no further (https://huggingface.co/docs/huggingface_hub/
+guides/manage-cache): the snapshot a revision resolves to is a folder directly under the repo's `snapshots/`
+named by a commit, each file in it is a link to `blobs/<name>`, and a blob's name is what its content hashes to
+(sha256 for a file stored with Git LFS, git's blob sha1 for the rest). A snapshot or file that leads elsewhere,
+or a blob whose content is not its name, is refused in one line before anything reads or records it.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
+import re
 import shlex
 from pathlib import Path
 from typing import Any
 
+from longctx.checkpoint.weights import WEIGHT_SUFFIXES
 from longctx.core.errors import InputError
+from longctx.core.hashing import content_sha256
 from longctx.core.kinds import HUB_ID
 
 _TRUE = ("1", "ON", "YES", "TRUE")
@@ -57,7 +67,72 @@ def parse_hub_id(spec: str) -> tuple[str, str, str | None] | None:
     m = HUB_ID.match(spec)
     if m is None:
         return None
-    return m["repo"], m["sub"].strip("/"), m["revision"]
+    revision = m["revision"]
+    if revision is not None and any(not part or part.startswith(".") or part.endswith(".lock") or ".." in part
+                                    for part in revision.split("/")):
+        raise InputError(f"'{spec}': '{revision}' is not a branch, tag or commit name (git check-ref-format); name "
+                         "one, e.g. @main or a commit")
+    return m["repo"], m["sub"].strip("/"), revision
+
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_BLOB = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+
+
+def is_repo_snapshot(snapshot: Path) -> bool:
+    """Whether `snapshot` is a folder directly under its repo's `snapshots/`, named by a commit (what a revision
+    resolves to through `refs/`), not a link out of it."""
+    snapshots = Path(os.path.normpath(snapshot)).parent
+    return (snapshots.name == "snapshots" and snapshots.parent.name.startswith(("models--", "datasets--"))
+            and _COMMIT.fullmatch(snapshot.name) is not None and not snapshot.is_symlink() and snapshot.is_dir()
+            and Path(os.path.realpath(snapshot)).parent == Path(os.path.realpath(snapshots)))
+
+
+def _inside_repo(snapshot: Path, spec: str, get: str) -> Path:
+    """`snapshot` when it `is_repo_snapshot`; InputError otherwise."""
+    if not is_repo_snapshot(snapshot):
+        raise InputError(f"'{spec}' resolves to '{snapshot}', which is not a commit's snapshot folder of its repo "
+                         f"in the Hugging Face cache (a refs/ file or link there points elsewhere); delete the "
+                         f"repo's folder from the cache and run: {get}")
+    return snapshot
+
+
+def _blob_claim(path: Path, spec: str) -> str | None:
+    """The blob name the snapshot file `path` links to (its content's hash), None for a file that is not a link
+    (huggingface_hub copies files where links are not supported); InputError for a link anywhere but the repo's
+    `blobs/`."""
+    if not path.is_symlink():
+        return None
+    target = Path(os.path.realpath(path))
+    repo = next((p for p in path.parents if p.parent.name == "snapshots"), None)
+    blobs = Path(os.path.realpath(repo.parent.parent / "blobs")) if repo is not None else None
+    if blobs is None or target.parent != blobs or not _BLOB.fullmatch(target.name):
+        raise InputError(f"'{spec}': {path.name} in the Hugging Face cache links to '{target}', not to a blob of its "
+                         f"repo; delete the repo's folder from the cache and download it again")
+    return target.name
+
+
+def git_blob_sha1(path: Path) -> str:
+    """git's object name of the file `path` (sha1 of "blob <size>\0" and the content)."""
+    h = hashlib.sha1(usedforsecurity=False)
+    h.update(f"blob {path.stat().st_size}\0".encode())
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_blob(path: Path, spec: str, sha256: str | None = None) -> None:
+    """InputError when the Hub cache file `path` links outside its repo's blobs, or to a blob whose content is not
+    the hash it is named by (`sha256`: the content's, when the caller has it). Nothing for other files."""
+    claim = _blob_claim(path, spec)
+    if claim is None:
+        return
+    found = (sha256 or content_sha256(path)) if len(claim) == 64 else git_blob_sha1(path)
+    if found != claim:
+        raise InputError(f"'{spec}': {path.name} in the Hugging Face cache is not the file the Hub published (its "
+                         f"blob {claim[:12]}... holds content hashing to {found[:12]}...); delete that blob and run "
+                         "the download again")
 
 
 @functools.lru_cache(maxsize=64)
@@ -69,14 +144,35 @@ def _snapshot(repo: str, subfolder: str, revision: str | None, offline: bool, ca
         # The config.json files first (a few kB each): a repo whose checkpoints sit in subfolders has none where
         # it is named, and `checkpoint_dir` names those subfolders before gigabytes of weights download.
         prefix = f"{subfolder}/" if subfolder else ""
-        folder = _download(repo, revision, offline, cache, [f"{prefix}config.json", f"{prefix}*/config.json"],
-                           spec, get) / subfolder
+        snapshot = _download(repo, revision, offline, cache, [f"{prefix}config.json", f"{prefix}*/config.json"],
+                             spec, get)
+        folder = _checked(snapshot, subfolder, spec, get)
         if not (folder / "config.json").is_file() and folder.is_dir():
             return folder
-    folder = _download(repo, revision, offline, cache, _wanted(subfolder, tokenizer_only) or None, spec, get
-                       ) / subfolder
+    snapshot = _download(repo, revision, offline, cache, _wanted(subfolder, tokenizer_only) or None, spec, get)
+    folder = _checked(snapshot, subfolder, spec, get)
     if not folder.is_dir():
         raise InputError(f"'{spec}': {repo} has no folder '{subfolder}'")
+    return folder
+
+
+def _checked(snapshot: Path, subfolder: str, spec: str, get: str) -> Path:
+    """The folder `subfolder` of the snapshot, once the snapshot is its repo's and every file in the folder links
+    to a blob of the repo; the small files (all but weights, which `fingerprint` checks as it hashes them) are
+    checked against their blob's name."""
+    _inside_repo(snapshot, spec, get)
+    folder = snapshot / subfolder
+    if subfolder and folder.exists() and Path(os.path.realpath(folder)) != Path(os.path.realpath(snapshot),
+                                                                                  subfolder):
+        raise InputError(f"'{spec}': the folder '{subfolder}' in the Hugging Face cache links out of its snapshot; "
+                         f"delete the repo's folder from the cache and run: {get}")
+    if folder.is_dir():
+        for path in sorted(folder.rglob("*")):
+            if path.is_symlink() or path.is_file():
+                if path.suffix in WEIGHT_SUFFIXES:
+                    _blob_claim(path, spec)
+                else:
+                    check_blob(path, spec)
     return folder
 
 

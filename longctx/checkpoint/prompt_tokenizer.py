@@ -13,7 +13,8 @@ oracle): the Rust pipeline's ids must equal the tokenizer's own for a set of pro
 special tokens, and the fingerprints must match; otherwise transformers' tokenizer is used as it is, every time.
 A chat template is rendered by transformers the first time each conversation is asked for; the rendering is kept
 only when the template cannot render differently later (no `strftime_now`, no `random`). Tokenizers that run
-their own code (`auto_map`) are never kept.
+their own code (`auto_map`) are never kept. What the cache holds is read back only when sealed by this user for
+its entry (`longctx.core.cache`) and within bounds; else it is built again from the folder.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -29,14 +29,18 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from longctx import __version__
-from longctx.core.files import cache_dir, json_object, make_temp_dir, write_json
-from longctx.core.hashing import cached_sha256_file, hash_json, sha256_file, tokenizer_fingerprint
+from longctx.core import cache
+from longctx.core.files import json_object
+from longctx.core.hashing import content_sha256s, hash_json, tokenizer_fingerprint
 
-CACHE_FORMAT = "longctx-prompt-tokenizer/1"
+CACHE_FORMAT = "longctx-prompt-tokenizer/2"
+# Bounds of what a cache entry may hold: the largest tokenizer.json on the Hub is tens of MB (Gemma 3: 33 MB).
+TOKENIZER_BYTES = 256 << 20
+FACTS_BYTES = 64 << 20
+RENDERS_BYTES = 64 << 20
 # Files transformers never reads to build a tokenizer: weights, by suffix (hashing them would cost seconds).
 _WEIGHT_SUFFIXES = frozenset({".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx",
                               ".npz", ".npy", ".distcp"})
-_HASH_WHOLE_BYTES = 1 << 20  # larger files through `cached_sha256_file` (by path, size and modification time)
 # Texts whose ids the kept pipeline must give exactly as the transformers tokenizer does.
 PROBES = ("a", "The quick brown fox jumps over the lazy dog.", "  two  spaces,\ttabs\nand lines\n\n end. ",
           "One of the special magic numbers for long-context is: 1234567.", "naïve café — 東京 ☃ 🙂",
@@ -103,9 +107,9 @@ class PromptTokenizer:
         if self.entry is None:
             return
         path = self.entry / "renders.json"
-        with contextlib.suppress(OSError, ValueError):  # a read-only or raced cache only costs time
-            kept = json_object(path) if path.is_file() else {}
-            write_json(path, {**kept, **self.renders}, indent=None)
+        renders = {**_renders(cache.read_json(path, RENDERS_BYTES)), **self.renders}
+        if sum(len(k) + len(v) for k, v in renders.items()) < RENDERS_BYTES // 2:  # JSON escapes at most double it
+            cache.write_json(path, renders)
 
 
 def transformers_tokenizer(tokenizer: Any) -> Any:
@@ -148,9 +152,7 @@ def source_key(folder: str | os.PathLike, trust_remote_code: bool) -> str | None
         extra = folder / "additional_chat_templates"
         if extra.is_dir():
             paths += sorted(p for p in extra.iterdir() if p.is_file())
-        files = [(p.relative_to(folder).as_posix(),
-                  sha256_file(p) if p.stat().st_size <= _HASH_WHOLE_BYTES else cached_sha256_file(p))
-                 for p in paths]
+        files = [(p.relative_to(folder).as_posix(), digest) for p, digest in zip(paths, content_sha256s(paths))]
     except OSError:
         return None
     return hash_json({"format": CACHE_FORMAT, "longctx": __version__, "transformers": _version("transformers"),
@@ -164,23 +166,28 @@ def _facts(tok: PromptTokenizer) -> dict[str, Any]:
             "fingerprint": tokenizer_fingerprint(tok)}
 
 
+def _renders(doc: Any) -> dict[str, str]:
+    return {k: v for k, v in doc.items() if isinstance(v, str)} if isinstance(doc, dict) else {}
+
+
 def _read(entry: Path, name: str, load: Callable[[], Any]) -> PromptTokenizer | None:
-    """The tokenizer kept in `entry`, or None when there is none or it is not whole (then it is built again)."""
+    """The tokenizer kept in `entry`, or None when there is none, or it is not whole, not sealed by this user for
+    this entry (`longctx.core.cache`), or not the tokenizer its facts describe (then it is built again)."""
     from tokenizers import Tokenizer
 
-    try:
-        facts = json_object(entry / "facts.json")
-        if facts.get("format") != CACHE_FORMAT:
-            return None
-        tok = PromptTokenizer(Tokenizer.from_file(str(entry / "tokenizer.json")), name, facts["chat_template"],
-                              facts["bos_token"], facts["bos_token_id"], list(facts["all_special_ids"]),
-                              int(facts["vocabulary"]), load, entry)
-        if tokenizer_fingerprint(tok) != facts["fingerprint"]:
-            return None
-        renders = json_object(entry / "renders.json") if (entry / "renders.json").is_file() else {}
-    except Exception:  # noqa: BLE001 - a torn or foreign entry is rebuilt from the folder
+    facts = cache.read_json(entry / "facts.json", FACTS_BYTES)
+    definition = cache.read(entry / "tokenizer.json", TOKENIZER_BYTES)
+    if not isinstance(facts, dict) or facts.get("format") != CACHE_FORMAT or definition is None:
         return None
-    tok.renders = {k: v for k, v in renders.items() if isinstance(v, str)}
+    try:
+        tok = PromptTokenizer(Tokenizer.from_str(definition.decode("utf-8")), name, facts["chat_template"],
+                              facts["bos_token"], facts["bos_token_id"], [int(i) for i in facts["all_special_ids"]],
+                              int(facts["vocabulary"]), load, entry)
+    except Exception:  # noqa: BLE001 - sealed by an older longctx in another shape: built again
+        return None
+    if tokenizer_fingerprint(tok) != facts["fingerprint"]:
+        return None
+    tok.renders = _renders(cache.read_json(entry / "renders.json", RENDERS_BYTES))
     return tok
 
 
@@ -203,18 +210,13 @@ def _twin(real: Any, name: str, load: Callable[[], Any]) -> PromptTokenizer | No
     return tok if tokenizer_fingerprint(tok) == tokenizer_fingerprint(real) else None
 
 
-def _keep(entry: Path, tok: PromptTokenizer) -> None:
-    """Write `tok` as the cache entry `entry` (whole or not at all; a concurrent writer's entry is as good)."""
-    with contextlib.suppress(OSError):  # a read-only cache only costs time
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        tmp = make_temp_dir(entry.parent, entry.name, "tmp")
-        try:
-            tok.backend_tokenizer.save(str(tmp / "tokenizer.json"))
-            write_json(tmp / "facts.json", _facts(tok), indent=None)
-            os.rename(tmp, entry)
-            tok.entry = entry
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+def _keep(key: str, tok: PromptTokenizer) -> None:
+    """Keep `tok` as the cache entry of `key`, its facts last (what a reader looks for first); a full or read-only
+    cache keeps nothing, which only costs time."""
+    entry = cache.folder("tokenizers", key)
+    if entry is not None and (cache.write(entry / "tokenizer.json", tok.backend_tokenizer.to_str().encode())
+            and cache.write_json(entry / "facts.json", _facts(tok))):
+        tok.entry = entry
 
 
 def cached_tokenizer(folder: str | os.PathLike, trust_remote_code: bool, load: Callable[[], Any]) -> Any:
@@ -224,15 +226,13 @@ def cached_tokenizer(folder: str | os.PathLike, trust_remote_code: bool, load: C
     key = source_key(folder, trust_remote_code)
     if key is None:
         return load()
-    entry = cache_dir() / "tokenizers" / key
-    if entry.is_dir():
-        tok = _read(entry, str(folder), load)
-        if tok is not None:
-            return tok
-        shutil.rmtree(entry, ignore_errors=True)
+    entry = cache.folder("tokenizers", key, make=False)
+    tok = _read(entry, str(folder), load) if entry is not None else None
+    if tok is not None:
+        return tok
     real = load()
     tok = _twin(real, str(folder), load)
     if tok is None:
         return real
-    _keep(entry, tok)
+    _keep(key, tok)
     return tok

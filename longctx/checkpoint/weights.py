@@ -33,6 +33,7 @@ from typing import Any
 
 from longctx.checkpoint.paths import check_inside
 from longctx.core.errors import InputError
+from longctx.core.hashing import file_version
 from longctx.core.parse import LimitError, loads
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -52,9 +53,9 @@ DTYPE_BITS = {
 
 _RESTORE = "restore it from the original checkpoint"
 
-# Files already found valid in this process, by (path, size, mtime): `checkpoint_dir` runs at every verb's
-# start and again inside read_config / fingerprint, and a .bin file's pickle is worth reading once.
-_checked: set[tuple[str, int, int]] = set()
+# Files already found valid in this process, by `file_version`: `checkpoint_dir` runs at every verb's start and
+# again inside read_config / fingerprint, and a .bin file's pickle is worth reading once.
+_checked: set[tuple[int, ...]] = set()
 
 
 def index_files(path: Path) -> list[Path]:
@@ -106,8 +107,7 @@ def check_weight_files(path: str | os.PathLike) -> None:
     """InputError (one line naming the file) unless every index of the checkpoint directory `path` names only
     shards inside it that are there, and every weight file (`weight_files`) is well formed. Reads headers only."""
     for f in weight_files(Path(path)):
-        st = f.stat()
-        key = (str(f.resolve()), st.st_size, st.st_mtime_ns)
+        key = file_version(f)
         if key in _checked:
             continue
         if f.suffix == ".safetensors":

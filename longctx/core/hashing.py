@@ -1,17 +1,13 @@
-"""Hashes: of files (streamed, and cached for large weight files), of JSON values, of tokenizers."""
+"""Hashes: of files' content (streamed), of JSON values, of tokenizers."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-from longctx.core.files import cache_dir, write_json
-from longctx.core.parse import loads
 
 
 def sha256_file(path: str | Path) -> str:
@@ -22,24 +18,39 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def cached_sha256_file(path: Path) -> str:
-    """sha256 of a (large) file, cached by (real path, size, mtime) in longctx's cache: hashing 3 GB takes
-    seconds, and fingerprints are asked for often."""
-    st = path.stat()
-    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-    cache_file = cache_dir() / "file-hashes.json"
-    try:
-        cache = loads(cache_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # none yet, or torn or over a limit: hashing again only costs time
-        cache = {}
-    if not isinstance(cache, dict):
-        cache = {}
-    if key not in cache:
-        cache[key] = sha256_file(path)
-        with contextlib.suppress(OSError):  # a read-only cache only costs time
-            cache_file.parent.mkdir(parents=True, exist_ok=True)
-            write_json(cache_file, cache, indent=None)
-    return cache[key]
+# sha256 by (device, inode, size, modification and change time) of the files this process hashed. Any write to a
+# file, and any change of its times, sets its change time to the clock's now, which no call can set back, so an entry
+# holds while its file is unchanged; it lives only as long as the process, so every command hashes every file it
+# fingerprints once, from its content (a 3 GB shard costs about 2 s), and never trusts what an earlier one saw.
+_HASHED: dict[tuple[int, ...], str] = {}
+
+
+def file_version(path: str | os.PathLike) -> tuple[int, ...]:
+    """What changes whenever the file `path` changes: (device, inode, size, modification and change time)."""
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def content_sha256(path: Path) -> str:
+    """sha256 of the file `path`'s content, computed once per process while the file is unchanged."""
+    key = file_version(path)
+    found = _HASHED.get(key)
+    if found is None:
+        found = _HASHED[key] = sha256_file(path)
+    return found
+
+
+def content_sha256s(paths: list[Path]) -> list[str]:
+    """`content_sha256` of each of `paths`, several at once (hashlib hashes without the GIL, so a sharded
+    checkpoint hashes at the speed of its disk rather than of one core)."""
+    if len(paths) < 2:
+        return [content_sha256(p) for p in paths]
+    from concurrent.futures import ThreadPoolExecutor
+
+    from longctx.core.processes import available_cores
+
+    with ThreadPoolExecutor(min(len(paths), available_cores(), 8)) as pool:
+        return list(pool.map(content_sha256, paths))
 
 
 def tree_files(root: Path, skip: Callable[[str], bool] = lambda name: False) -> list[str]:
@@ -53,18 +64,10 @@ def tree_files(root: Path, skip: Callable[[str], bool] = lambda name: False) -> 
     return sorted(found)
 
 
-# Files up to this size are hashed whole each time; larger ones (weights, optimizer states) through
-# `cached_sha256_file`, whose cache entry a change of size or modification time invalidates.
-_HASH_WHOLE_BYTES = 1 << 20
-
-
 def tree_hashes(root: Path, skip: Callable[[str], bool] = lambda name: False) -> dict[str, str]:
     """sha256 of each of `tree_files(root, skip)`, by relative path."""
-    out = {}
-    for rel in tree_files(root, skip):
-        path = root / rel
-        out[rel] = sha256_file(path) if path.stat().st_size <= _HASH_WHOLE_BYTES else cached_sha256_file(path)
-    return out
+    names = tree_files(root, skip)
+    return dict(zip(names, content_sha256s([root / rel for rel in names])))
 
 
 def hash_json(obj: Any) -> str:

@@ -19,8 +19,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from longctx.checkpoint.hub import hf_home, hub_cache, offline_variable
+from longctx.checkpoint.hub import hf_home, hub_cache, is_repo_snapshot, offline_variable
 from longctx.core.errors import InputError
+from longctx.core.hashing import content_sha256s
 from longctx.core.parse import LimitError, loads
 from longctx.data import synthetic
 
@@ -148,11 +149,11 @@ def _hub_snapshot(name: str) -> Path | None:
     """The newest snapshot of dataset repo `name` in the hub cache (`hf download --repo-type dataset NAME`)."""
     repo = hub_cache() / f"datasets--{name.replace('/', '--')}"
     ref = repo / "refs" / "main"
-    if ref.is_file():
-        snap = repo / "snapshots" / ref.read_text(encoding="utf-8").strip()
-        if snap.is_dir():
+    if ref.is_file() and not ref.is_symlink():
+        snap = repo / "snapshots" / ref.read_text(encoding="utf-8", errors="replace")[:100].strip()
+        if is_repo_snapshot(snap):
             return snap
-    snaps = sorted((p for p in (repo / "snapshots").glob("*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    snaps = sorted((p for p in (repo / "snapshots").glob("*") if is_repo_snapshot(p)), key=lambda p: p.stat().st_mtime)
     return snaps[-1] if snaps else None
 
 
@@ -270,8 +271,8 @@ def check_data_specs(specs: Sequence[str], offline: bool = True) -> None:
 
 
 def source_identity(spec: str, seed: int, length_tokens: int | None) -> str:
-    """What the documents of `spec` depend on: file paths + sizes + mtimes, a dataset id, or the
-    synthetic kind, seed, length and generator source."""
+    """What the documents of `spec` depend on: its files' names and content, a dataset id (with the commit of its
+    Hub snapshot when one is cached), or the synthetic kind, seed, length and generator source."""
     kind, arg = _parse_spec(spec)
     if kind == "synthetic":
         code = synthetic.code_hash()
@@ -279,14 +280,13 @@ def source_identity(spec: str, seed: int, length_tokens: int | None) -> str:
     if kind == "hf":
         name, split = arg
         path = Path(name).expanduser()
-        return f"hf:{_tree_identity(path) if path.exists() else name}:{split or 'train'}"
+        snapshot = None if path.exists() else _hub_snapshot(name)
+        where = _tree_identity(path) if path.exists() else f"{name}@{snapshot.name}" if snapshot else name
+        return f"hf:{where}:{split or 'train'}"
     return _tree_identity(arg)
 
 
 def _tree_identity(path: Path) -> str:
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    parts = []
-    for f in files:
-        st = f.stat()
-        parts.append(f"{f.relative_to(path) if f != path else ''}:{st.st_size}:{st.st_mtime_ns}")
-    return f"{path.resolve()}|" + ";".join(parts)
+    return ";".join(f"{f.relative_to(path) if f != path else ''}:{digest}"
+                    for f, digest in zip(files, content_sha256s(files)))

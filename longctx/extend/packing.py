@@ -38,22 +38,24 @@ from typing import Any
 import numpy as np
 import torch
 
+from longctx.core import cache
 from longctx.core.errors import InputError
-from longctx.core.files import atomic_dir, write_json
-from longctx.core.hashing import hash_json
-from longctx.core.parse import loads
+from longctx.core.files import atomic_dir
+from longctx.core.hashing import hash_json, sha256_file
 from longctx.core.special_tokens import leading_bos
 from longctx.data import synthetic
 from longctx.data.sources import check_data_specs
 from longctx.extend.loss import IGNORE_INDEX
 from longctx.extend.settings import PACKING_MODES
-from longctx.extend.tokens import CACHE_VERSION, Pool, token_pool
+from longctx.extend.tokens import CACHE_VERSION, Pool, remove_unverified, token_pool, write_sealed_meta
 
 # Sequences kept open while packing: more fills gaps better, each costs a scan per piece.
 _OPEN_SEQUENCES = 16
 # Version of the split packing rule, part of a packed plan's fingerprint: a plan packed by an older rule is
 # never reused (2: a stream that holds the budget is cut at it, `_split_pack`).
 _SPLIT_RULE = 2
+# The arrays of a packed plan (pieces of documents, and where each sequence's pieces start).
+PLAN_ARRAYS = ("pool", "start", "length", "doc_end", "seq_offsets")
 
 
 def _pieces(pools: list[Pool], seq_len: int) -> dict[str, np.ndarray]:
@@ -149,8 +151,7 @@ class PackedDataset:
 
     def _open(self) -> None:
         self._tokens = [np.memmap(f, dtype=np.dtype(dtype), mode="r") for f, dtype in self._token_files]
-        plan = {k: np.load(self.plan_dir / f"{k}.npy", mmap_mode="r")
-                for k in ("pool", "start", "length", "doc_end", "seq_offsets")}
+        plan = {k: np.load(self.plan_dir / f"{k}.npy", mmap_mode="r") for k in PLAN_ARRAYS}
         self._pool, self._start, self._length = plan["pool"], plan["start"], plan["length"]
         self._doc_end, self._seq_offsets = plan["doc_end"], plan["seq_offsets"]
         self._epoch_order: tuple[int, np.ndarray] | None = None
@@ -228,16 +229,18 @@ def build_packed_dataset(specs: Sequence[str], tokenizer: Any, seq_len: int, *, 
                              **({} if packing == "whole" else {"packing": packing, "rule": _SPLIT_RULE}),
                              **({} if bos_id is None else {"bos": bos_id})})
     plan_dir = cache / f"packed-{fingerprint[:20]}"
-    if (plan_dir / "meta.json").is_file():
+    stats = _verified_stats(plan_dir, fingerprint)
+    if stats is not None:
         log(f"reusing packed sequences {plan_dir}")
-        stats = _cached_stats(plan_dir / "meta.json")
     else:
+        remove_unverified(plan_dir)
         with atomic_dir(plan_dir, keep_existing="meta.json") as tmp:
             stats = _write_plan(tmp, pools, seq_len=seq_len, seed=seed, num_tokens=num_tokens,
                                 short_fraction=short_fraction, packing=packing, log=log,
                                 body_len=seq_len - (bos_id is not None))
-            write_json(tmp / "meta.json", {"version": CACHE_VERSION, "fingerprint": fingerprint, "stats": stats},
-                       indent=1)
+            files = {f"{k}.npy": sha256_file(tmp / f"{k}.npy") for k in PLAN_ARRAYS}
+            write_sealed_meta(tmp, plan_dir, {"version": CACHE_VERSION, "fingerprint": fingerprint, "stats": stats,
+                                              "files": files})
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ds = PackedDataset(plan_dir, pools, seq_len=seq_len, pad_id=pad_id, seed=seed, fingerprint=fingerprint, stats=stats,
                        stream=packing == "stream", bos_id=bos_id)
@@ -288,16 +291,21 @@ def _log_packed(sequences: int, stats: dict[str, Any], seq_len: int, num_tokens:
             "one of the sources ran out")
 
 
-def _cached_stats(meta: Path) -> dict[str, Any]:
-    """The stats a packed plan's meta.json records, or InputError for a damaged file."""
+def _verified_stats(plan_dir: Path, fingerprint: str) -> dict[str, Any] | None:
+    """The stats of the packed plan `plan_dir` when its meta.json is sealed by this user for it
+    (`longctx.core.cache`), is this plan's, and every array it names holds the content it recorded; else None (the
+    plan is built again: a damaged cache costs time, never a refusal)."""
+    meta = cache.read_json(plan_dir / "meta.json", 1 << 20)
     try:
-        stats = loads(meta.read_bytes())["stats"]
-        if not all(isinstance(stats[k], (int, float)) for k in ("documents", "tokens", "short_token_fraction",
-                                                                   "padding_fraction", "epochs")):
-            raise TypeError
-    except (OSError, ValueError, KeyError, TypeError):
-        raise InputError(f"the packed-sequence cache {meta} is damaged; delete {meta.parent} (it is rebuilt)") from None
-    return stats
+        stats, files = meta["stats"], meta["files"]
+        if (meta["version"] != CACHE_VERSION or meta["fingerprint"] != fingerprint
+                or not all(isinstance(stats[k], (int, float)) for k in ("documents", "tokens", "short_token_fraction",
+                                                                          "padding_fraction", "epochs"))):
+            return None
+        ok = all(cache.check_sha256(plan_dir / f"{k}.npy", files.get(f"{k}.npy"), 1 << 40) for k in PLAN_ARRAYS)
+    except (KeyError, TypeError, AttributeError):
+        return None
+    return stats if ok else None
 
 
 def _synthetic_document_tokens(seq_len: int, short: bool) -> int:

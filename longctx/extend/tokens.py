@@ -23,6 +23,7 @@ import array
 import contextlib
 import itertools
 import os
+import shutil
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -33,15 +34,15 @@ from typing import Any
 
 import numpy as np
 
+from longctx.core import cache
 from longctx.core.errors import InputError, SettingError, ref
 from longctx.core.files import atomic_dir, write_json
-from longctx.core.hashing import hash_json, tokenizer_fingerprint
-from longctx.core.parse import loads
+from longctx.core.hashing import hash_json, sha256_file, tokenizer_fingerprint
 from longctx.core.processes import can_spawn, worker_pool
 from longctx.data.sources import iter_documents, source_identity
 
 # Bump when the cache layout or the packing rule changes: old caches are then never reused.
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 _BATCH_CHARS = 1 << 19  # ~0.2 s of one worker: small enough that the last batches keep every worker busy
 _BATCH_DOCS = 1024
 
@@ -199,11 +200,30 @@ class _TokenStream:
             ahead += chars / self.chars_per_token
 
 
+def write_sealed_meta(tmp: Path, final: Path, meta: dict[str, Any]) -> None:
+    """meta.json of a cache folder built in `tmp` and renamed to `final`, sealed for `final`; unsealed (so never
+    reused, which costs time) when this user's cache cannot seal."""
+    if not cache.write_json(tmp / "meta.json", meta, at=final / "meta.json"):
+        write_json(tmp / "meta.json", meta, indent=None)
+
+
+def remove_unverified(final: Path) -> None:
+    """Move aside and delete the cache folder `final` that failed verification, so a new one takes its place
+    (`atomic_dir` keeps a finished folder it finds)."""
+    if final.is_dir() and not final.is_symlink():
+        aside = final.with_name(f".{final.name}.unverified-{os.getpid()}")
+        with contextlib.suppress(OSError):
+            final.rename(aside)
+            shutil.rmtree(aside, ignore_errors=True)
+    elif final.is_symlink() or final.exists():
+        with contextlib.suppress(OSError):
+            final.unlink()
+
+
 class Pool:
     """Tokenized documents of one pool: a memory-mapped token array and document offsets."""
 
-    def __init__(self, directory: Path, source_key: str, budget: int):
-        meta = loads((directory / "meta.json").read_text())
+    def __init__(self, directory: Path, meta: dict[str, Any], source_key: str, budget: int):
         self.directory, self.source_key = directory, source_key
         offsets = np.load(directory / "doc_offsets.npy")
         # A cache built for a larger budget: its documents up to the one that reaches `budget`.
@@ -223,12 +243,41 @@ class Pool:
         return int(self.doc_offsets[-1])
 
 
-def _find_token_cache(cache_dir: Path, source_key: str, budget: int) -> Path | None:
+# The arrays of a token cache, whose sha256 its sealed meta.json records; and that file's bound.
+_ARRAYS = ("tokens.bin", "doc_offsets.npy", "doc_source.npy")
+_META_BYTES = 1 << 20
+
+
+def _array_bytes(meta: dict[str, Any], name: str) -> int:
+    """The most bytes the array file `name` of a cache described by `meta` can take (.npy headers are < 4 kB)."""
+    per = {"tokens.bin": np.dtype(meta["dtype"]).itemsize * meta["tokens"],
+           "doc_offsets.npy": 8 * (meta["documents"] + 1), "doc_source.npy": 2 * meta["documents"]}
+    return per[name] + (0 if name == "tokens.bin" else 4096)
+
+
+def verified_meta(directory: Path) -> dict[str, Any] | None:
+    """The meta.json of the token cache `directory` when it is sealed by this user for this folder
+    (`longctx.core.cache`), of this version, and every array it names holds the content it recorded; else None
+    (the cache is built again)."""
+    meta = cache.read_json(directory / "meta.json", _META_BYTES)
+    try:
+        if (not isinstance(meta, dict) or meta.get("version") != CACHE_VERSION
+                or meta["dtype"] not in ("uint16", "uint32")
+                or not all(isinstance(meta[k], int) and meta[k] >= 0 for k in ("tokens", "documents"))
+                or not isinstance(meta["specs"], list) or not isinstance(meta["exhausted"], bool)):
+            return None
+        files = meta["files"]
+        ok = all(cache.check_sha256(directory / name, files.get(name), _array_bytes(meta, name)) for name in _ARRAYS)
+    except (KeyError, TypeError, AttributeError):
+        return None
+    return meta if ok else None
+
+
+def _find_token_cache(cache_dir: Path, source_key: str, budget: int) -> tuple[Path, dict[str, Any]] | None:
     for d in sorted(cache_dir.glob(f"tokens-{source_key}-*")):
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # torn, over a parse limit, not ours
-            meta = loads((d / "meta.json").read_text())
-            if meta["version"] == CACHE_VERSION and (meta["exhausted"] or meta["tokens"] >= budget):
-                return d
+        meta = verified_meta(d)
+        if meta is not None and (meta["exhausted"] or meta["tokens"] >= budget):
+            return d, meta
     return None
 
 
@@ -239,16 +288,17 @@ def token_pool(specs: Sequence[str], tokenizer: Any, budget: int, *, seed: int, 
     source_key = hash_json(identity)[:20]
     found = _find_token_cache(cache_dir, source_key, budget)
     if found is not None:
-        log(f"reusing tokenized data {found} for {', '.join(specs)}")
-        return Pool(found, source_key, budget)
+        log(f"reusing tokenized data {found[0]} for {', '.join(specs)}")
+        return Pool(*found, source_key, budget)
     final = cache_dir / f"tokens-{source_key}-{budget}"
+    remove_unverified(final)
     log(f"tokenizing {', '.join(specs)} (up to {budget:,} tokens, {workers} worker{'s' * (workers > 1)}) "
         f"into {final}")
     dtype = np.dtype(np.uint16 if len(tokenizer) <= 1 << 16 else np.uint32)
     started = time.perf_counter()
     tokenizing = _Workers(_encoder(tokenizer), tokenizer.eos_token_id, dtype, workers)
     try:
-        total = _write_tokens(final, specs, tokenizer=tokenizer, identity=identity, budget=budget, seed=seed,
+        meta = _write_tokens(final, specs, tokenizer=tokenizer, identity=identity, budget=budget, seed=seed,
                               length_tokens=length_tokens, tokenizing=tokenizing, dtype=dtype)
     except BrokenProcessPool:
         raise SettingError(f"a tokenize worker process died (killed, or out of memory) while tokenizing "
@@ -257,13 +307,14 @@ def token_pool(specs: Sequence[str], tokenizer: Any, budget: int, *, seed: int, 
     finally:
         tokenizing.close()
     seconds = time.perf_counter() - started
-    log(f"tokenized {total:,} tokens in {seconds:.1f} s ({total / max(seconds, 1e-9):,.0f} tokens/s)")
-    return Pool(final, source_key, budget)
+    log(f"tokenized {meta['tokens']:,} tokens in {seconds:.1f} s ({meta['tokens'] / max(seconds, 1e-9):,.0f} "
+        "tokens/s)")
+    return Pool(final, meta, source_key, budget)
 
 
 def _write_tokens(final: Path, specs: Sequence[str], *, tokenizer: Any, identity: dict[str, Any], budget: int,
-                  seed: int, length_tokens: int | None, tokenizing: _Workers, dtype: np.dtype) -> int:
-    """Read, tokenize and write one pool's cache directory; returns its token count."""
+                  seed: int, length_tokens: int | None, tokenizing: _Workers, dtype: np.dtype) -> dict[str, Any]:
+    """Read, tokenize and write one pool's cache directory; returns its meta.json."""
     streams = [_TokenStream(iter_documents(s, seed, length_tokens=length_tokens), tokenizing) for s in specs]
     taken = [0] * len(streams)
     lengths = array.array("q")  # 8 bytes a document: tens of millions of documents at paper scale
@@ -299,8 +350,9 @@ def _write_tokens(final: Path, specs: Sequence[str], *, tokenizer: Any, identity
         exhausted = total < budget
         np.save(tmp / "doc_source.npy", np.frombuffer(sources, dtype=np.uint16))
         np.save(tmp / "doc_offsets.npy", np.concatenate([[0], np.cumsum(np.frombuffer(lengths, dtype=np.int64))]))
-        write_json(tmp / "meta.json", {
-            "version": CACHE_VERSION, "specs": list(specs), "identity": identity, "budget": budget,
-            "tokens": total, "documents": len(lengths), "exhausted": exhausted, "dtype": dtype.name,
-            "eos_token_id": tokenizer.eos_token_id, "tokens_per_source": taken}, indent=1)
-    return total
+        meta = {"version": CACHE_VERSION, "specs": list(specs), "identity": identity, "budget": budget,
+                "tokens": total, "documents": len(lengths), "exhausted": exhausted, "dtype": dtype.name,
+                "eos_token_id": tokenizer.eos_token_id, "tokens_per_source": taken,
+                "files": {name: sha256_file(tmp / name) for name in _ARRAYS}}
+        write_sealed_meta(tmp, final, meta)
+    return meta
