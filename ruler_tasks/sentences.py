@@ -184,7 +184,7 @@ class EssaySentences:
     def keep(self) -> None:
         """Write what was computed to the cache, with the splits another process wrote there meanwhile (every
         split holds for any text that covers its size)."""
-        if self.file is None or not self._changed:
+        if self.file is None or not (self._changed or not self.file.is_file()):
             return
         folder = cache.folder("ruler")
         if folder is None:

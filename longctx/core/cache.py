@@ -113,10 +113,22 @@ def _mac(key: bytes, path: Path, data: bytes) -> bytes:
     return hmac.new(key, len(name).to_bytes(4, "big") + name + data, hashlib.sha256).hexdigest().encode()
 
 
+def _in_own_folder(path: Path) -> bool:
+    """Whether every folder between the cache and `path` is a real one of this user's (`folder`); a path outside
+    the cache (a token cache a user placed with --cache-dir) is the user's to keep."""
+    try:
+        parts = Path(path).parent.relative_to(cache_dir()).parts
+    except ValueError:
+        return True
+    return folder(*parts, make=False) is not None
+
+
 def read(path: Path, limit: int) -> bytes | None:
     """The content kept at `path` by `write`, or None when there is none, or it is not whole, not sealed by this
     user's key for this path, not a regular file of this user's, or larger than `limit` bytes."""
     key = _key()
+    if not _in_own_folder(path):
+        return None
     raw = read_own(path, limit + len(SEAL) + 65)
     if key is None or raw is None or not raw.startswith(SEAL):
         return None
