@@ -4,14 +4,20 @@ the verb's output check (`longctx.core.files.check_output`) to its end.
 flock(2) (https://man7.org/linux/man-pages/man2/flock.2.html): the lock belongs to the open file, so the kernel
 drops it when the last descriptor of that file closes, which a killed process's exit does; a forked child's
 copy of the descriptor would keep it (`_forget_held_in_child`).
+
+A lock file is longctx's only when longctx made it: it is opened without following a link, and must be a regular
+file of this user's with one name, holding a header and "child" lines; anything else at its path is refused in
+one line and left as it is.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import socket
+import stat
 import threading
 import weakref
 from pathlib import Path
@@ -68,15 +74,41 @@ def _publish_held() -> None:
         os.environ.pop(LOCKS_ENV, None)
 
 
-def _read_holder(fd: int) -> tuple[list[str], list[tuple[int, int]]]:
-    """(the header's words: pid, host, start time; the recorded children as (pid, start time)) of a lock file."""
-    lines = os.pread(fd, _LOCK_READ_LIMIT, 0).decode(errors="replace").splitlines()
+def _read_holder(fd: int) -> tuple[list[str], list[tuple[int, int]]] | None:
+    """(the header's words: pid, host, start time; the recorded children as (pid, start time)) of a lock file,
+    or None when it is not shaped as longctx writes one (an empty file is: its writer died before writing)."""
+    data = os.pread(fd, _LOCK_READ_LIMIT + 1, 0)
+    if len(data) > _LOCK_READ_LIMIT:
+        return None
+    try:
+        lines = data.decode("ascii").splitlines()
+    except UnicodeDecodeError:
+        return None
+    if not lines:
+        return [], []
+    header = lines[0].split()
+    if len(header) != 3 or not header[0].isdigit() or not header[2].isdigit():
+        return None
     children = []
     for line in lines[1:]:
         words = line.split()
-        if len(words) == 3 and words[0] == "child" and words[1].isdigit() and words[2].isdigit():
-            children.append((int(words[1]), int(words[2])))
-    return (lines[0].split() if lines else []), children
+        if len(words) != 3 or words[0] != "child" or not words[1].isdigit() or not words[2].isdigit():
+            return None
+        children.append((int(words[1]), int(words[2])))
+    return header, children
+
+
+def _not_ours(fd: int) -> str | None:
+    """Why the open lock file `fd` is not one longctx made (not a regular file, another user's, linked from
+    elsewhere), or None."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        return "it is not a regular file"
+    if st.st_uid != os.geteuid():
+        return f"it belongs to user {st.st_uid}"
+    if st.st_nlink != 1:
+        return "it is a hard link to another file"
+    return None
 
 
 def _make_parents(folder: Path, what: str, out: Path) -> list[Path]:
@@ -144,17 +176,26 @@ class OutputLock:
 
         while True:
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
             except FileNotFoundError:  # the holder before us removed the folder it had made
                 made += _make_parents(self.path.parent, self.what, self.out)
                 continue
             except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):  # a link, a socket or a folder
+                    raise InputError(f"'{self.path}' (the lock of {self.what} '{self.out}') is not a lock longctx "
+                                     "made (it is a link or not a file); remove it if it is not yours to keep, or "
+                                     "choose another -o") from None
                 raise InputError(f"cannot write the lock '{self.path}' of {self.what} '{self.out}' "
                                  f"({e.strerror or e}); choose another -o") from None
+            why = _not_ours(fd)
+            if why is not None:
+                os.close(fd)
+                raise InputError(f"'{self.path}' (the lock of {self.what} '{self.out}') is not a lock longctx made "
+                                 f"({why}); remove it if it is not yours to keep, or choose another -o")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = _read_holder(fd)[0]
+                holder = (_read_holder(fd) or ([], []))[0]
                 os.close(fd)
                 who = f"process {holder[0]} on {holder[1]}" if len(holder) >= 2 else "another process"
                 raise InputError(f"{self.what} '{self.out}' is being written by {who} (lock {self.path}); wait for "
@@ -166,9 +207,14 @@ class OutputLock:
             if same:
                 break
             os.close(fd)  # the holder before us removed that file as it released it
-        holder, children = _read_holder(fd)
-        if len(holder) >= 2 and holder[1] == socket.gethostname():
-            kill_recorded(children)  # a holder that died: what it started and left running
+        found = _read_holder(fd)
+        if found is None:
+            os.close(fd)
+            raise InputError(f"'{self.path}' (the lock of {self.what} '{self.out}') is not a lock longctx made (it "
+                             "holds something else); remove it if it is not yours to keep, or choose another -o")
+        holder, children = found
+        if len(holder) == 3 and holder[1] == socket.gethostname() and start_time(int(holder[0])) != int(holder[2]):
+            kill_recorded(children, int(holder[2]))  # a holder that died: what it started and left running
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()} {socket.gethostname()} {start_time(os.getpid()) or 0}\n".encode(), 0)

@@ -18,7 +18,9 @@ Two mechanisms, for two ways a process ends:
 - Records: each bound process appends "child <pid> <start time>" to the lock files of the outputs its work is
   for (`LOCKS_ENV`, kept by `longctx.core.files.OutputLock`); the next writer that takes such a lock from a dead
   holder kills the recorded processes still alive whose start time (/proc/<pid>/stat field 22, proc(5)) shows
-  they are the same processes, not new ones that reuse the pid.
+  they are the same processes, not new ones that reuse the pid, and which can be the holder's: this user's,
+  started after it, running the same program (`_ours`). A lock file is read only when longctx made it
+  (`longctx.core.locks`), so a planted one signals nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import stat
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -57,11 +60,25 @@ def start_time(pid: int) -> int | None:
     return int(fields[19]) if fields[19].isdigit() else None
 
 
-def kill_recorded(records: list[tuple[int, int]]) -> list[int]:
-    """SIGKILL every recorded (pid, start time) that is still that same process; returns the pids killed."""
+def _ours(pid: int, holder_started: int) -> bool:
+    """Whether process `pid` can be one a longctx process that started at `holder_started` started: this user's,
+    started no earlier, running this process's program (Python: vLLM's engine and workers, torchrun's ranks and
+    the tokenize workers all are)."""
+    try:
+        st = os.stat(f"/proc/{pid}")
+        same_program = os.path.samestat(os.stat(f"/proc/{pid}/exe"), os.stat("/proc/self/exe"))
+    except OSError:
+        return False
+    started = start_time(pid)
+    return st.st_uid == os.geteuid() and same_program and started is not None and started >= holder_started
+
+
+def kill_recorded(records: list[tuple[int, int]], holder_started: int) -> list[int]:
+    """SIGKILL every recorded (pid, start time) that is still that same process and can be one the holder, a
+    longctx process that started at `holder_started`, started (`_ours`); returns the pids killed."""
     killed = []
     for pid, started in records:
-        if pid != os.getpid() and start_time(pid) == started:
+        if pid != os.getpid() and start_time(pid) == started and _ours(pid, holder_started):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
@@ -93,9 +110,11 @@ def record_child(pid: int) -> None:
     line = f"child {pid} {started}\n".encode()
     for path in filter(None, os.environ.get(LOCKS_ENV, "").split(os.pathsep)):
         with contextlib.suppress(OSError):
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND)  # never creates: a released lock is gone
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK)  # never creates
             try:
-                os.write(fd, line)
+                st = os.fstat(fd)
+                if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1:
+                    os.write(fd, line)
             finally:
                 os.close(fd)
 
