@@ -135,6 +135,10 @@ CASES = [
     # init
     ("init {w}/afile --preset tiny --attention baseline", "is a file, not a folder"),
     ("init {w}/mine --preset tiny --attention baseline --overwrite", "exists and was not made by longctx"),
+    ("init {w}/new --preset tiny --attention baseline --config elementwise_attn_output_gate=true",
+     "--config elementwise_attn_output_gate: the attention and model class are --attention's to set"),
+    ("init {w}/new --preset tiny --attention headwise --config model_type=qwen3",
+     "--config model_type: the attention and model class are --attention's to set (now headwise)"),
     # convert
     ("convert {w}/pickled-code {w}/new --from official", "pytorch_model.bin"),
     # extend

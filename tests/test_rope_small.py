@@ -306,6 +306,62 @@ def test_a_checkpoint_without_weights_is_one_line_before_any_work(verb, where, h
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before
 
 
+def _weights_edited(src: Path, dst: Path, edit) -> Path:
+    """A copy of checkpoint `src` (with room for RULER's 1k tasks) whose state dict `edit` changed."""
+    from safetensors.torch import load_file, save_file
+
+    _weightless(src, dst)
+    tensors = load_file(src / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+def _one_missing(tensors):
+    del tensors["model.layers.0.self_attn.q_proj.weight"]
+
+
+def _a_gate_left_over(tensors):
+    """Gate weights a baseline config has no place for (the gate a gated checkpoint's weights hold)."""
+    import torch
+
+    hidden = tensors["model.embed_tokens.weight"].shape[1]
+    for layer in range(2):
+        tensors[f"model.layers.{layer}.self_attn.g_proj.weight"] = torch.zeros(4, hidden)
+
+
+def _gated_config_without_gates(dst: Path) -> None:
+    cfg = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**cfg, "model_type": "gated_qwen3", "architectures":
+                                                 ["GatedQwen3ForCausalLM"], "headwise_attn_output_gate": True}))
+
+
+@pytest.mark.parametrize("verb", ["sinks", "extend", "ruler run --backend hf", "ruler run --backend vllm"])
+@pytest.mark.parametrize("case,message", [
+    ("missing", "the weight files lack 1 tensor the model config.json describes needs "
+                "(model.layers.0.self_attn.q_proj.weight)"),
+    ("left over", "the weight files hold 2 tensors the model config.json describes has no place for "
+                  "(model.layers.0.self_attn.g_proj.weight, model.layers.1.self_attn.g_proj.weight)"),
+    ("gated config, plain weights", "the weight files lack 2 tensors the model config.json describes needs "
+                                    "(model.layers.0.self_attn.g_proj.weight, model.layers.1.self_attn.g_proj.weight)"),
+])
+def test_weights_and_config_that_disagree_are_one_line_before_any_work(verb, case, message, tmp_path,
+                                                                      tiny_checkpoint):
+    """Before: a tensor the config needs was initialised at random (a gate, in `sinks` and `ruler`), and one it has
+    no place for ignored. Now every verb that computes refuses first, with what differs."""
+    ckpt = tmp_path / "ckpt"
+    if case == "missing":
+        _weights_edited(tiny_checkpoint, ckpt, _one_missing)
+    elif case == "left over":
+        _weights_edited(tiny_checkpoint, ckpt, _a_gate_left_over)
+    else:
+        _weights_edited(tiny_checkpoint, ckpt, lambda tensors: None)
+        _gated_config_without_gates(ckpt)
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    one_line_exit_2(run(*_verbs_on(ckpt, tmp_path / "out")[verb]), f"checkpoint '{ckpt}': {message}")
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+
+
 def test_a_hub_snapshot_without_weights_names_the_revision_and_subfolder(hub, tmp_path, tiny_checkpoint):
     from test_hub import _repo
 

@@ -53,17 +53,22 @@ def check_remote_code(path: str | os.PathLike, what: str, classes: str | None, t
 def transformers_quiet() -> Iterator[None]:
     """Within it transformers logs errors only and Python warnings are not shown: what it says while it builds a
     config, or a model on the meta device (keys it does not know that vLLM reads, token ids, defaults it fills
-    in) would repeat at every load, or come before a refusal that longctx words itself."""
+    in) would repeat at every load, or come before a refusal that longctx words itself; nor is its progress bar
+    (a meta-device load reads no weights)."""
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
         hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def model_config(path: str | os.PathLike, config: dict[str, Any] | None = None, trust_remote_code: bool = False):
@@ -174,6 +179,28 @@ def check_weight_shapes(path: str | os.PathLike, config: Any, trust_remote_code:
             raise InputError(f"checkpoint '{path}': tensor '{name}' has shape {list(shape)} in the weight files but "
                              f"{list(tensor.shape)} in the model config.json describes; the weights and config.json "
                              "are from different models")
+    _check_weight_names(path, auto, config, trust_remote_code)
+
+
+def _check_weight_names(path: str | os.PathLike, auto: Any, config: Any, trust_remote_code: bool) -> None:
+    """InputError when the weight files lack a tensor the model `config` describes needs, or hold one it has no
+    place for. transformers decides, as it loads (on the meta device: names only, no tensor is read): its
+    loading report knows tied weights, buffers, the keys a class may lack or ignore, and the renamings and
+    fusions between a checkpoint's names and the model's (`from_pretrained(output_loading_info=True)`)."""
+    try:
+        with transformers_quiet():
+            _, info = auto.from_pretrained(path, config=config, device_map="meta", output_loading_info=True,
+                                           trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise InputError(f"cannot load the model in '{path}': {exception_line(e)}") from None
+    for key, words in (("missing_keys", "lack {n} tensor{s} the model config.json describes needs"),
+                       ("unexpected_keys", "hold {n} tensor{s} the model config.json describes has no place for")):
+        names = sorted(info.get(key) or ())
+        if names:
+            shown = ", ".join(names[:3]) + (f", ... ({len(names) - 3} more)" if len(names) > 3 else "")
+            what = words.format(n=len(names), s="s" * (len(names) > 1))
+            raise InputError(f"checkpoint '{path}': the weight files {what} ({shown}); the weights and config.json "
+                             "are from different models: use the config.json saved with these weights")
 
 
 def load_model(path: str | os.PathLike, *, dtype: Any = "auto", device: str | None = None,

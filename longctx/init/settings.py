@@ -13,7 +13,7 @@ from longctx.core.errors import InputError, ref
 from longctx.core.kinds import Bool, CheckpointPath, Choice, Int, Kind, KindError, LocalPath, Overrides, Seed
 from longctx.core.settings import REQUIRED, Settings, setting
 from longctx.init.presets import PRESETS
-from longctx.models.gates import CHOICES, gate_name, parse_gate
+from longctx.models.gates import CHOICES, CONFIG_KEY, LEGACY_KEYS, gate_name, parse_gate
 from longctx.models.variants import VARIANTS
 
 TOKENIZER_CHOICES = ("reference", "bpe")  # or a local tokenizer directory
@@ -79,6 +79,11 @@ class InitSettings(Settings):
     trust_remote_code: bool = trust_remote_code_setting()
 
     def check(self) -> None:
+        owned = sorted(set(self.config) & {*LEGACY_KEYS.values(), CONFIG_KEY, "model_type", "architectures"})
+        if owned:
+            raise self.error(f"{ref('config')} {owned[0]}: the attention and model class are {ref('attention')}'s to "
+                             f"set (now {self.attention}); drop the key and choose the variant with "
+                             f"{ref('attention')}")
         if self.match_params and self.attention == "baseline":
             raise self.error(f"{ref('match_params')} shrinks a gated model to the baseline's size; it has no meaning "
                              f"for {ref('attention')} baseline")
