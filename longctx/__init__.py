@@ -30,6 +30,7 @@ and the stages that never touch transformers do not pay for torch and transforme
 
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 import warnings
 
@@ -75,4 +76,16 @@ def _register_when_transformers_is_imported() -> None:
     sys.meta_path.insert(0, _AfterTransformersImport())
 
 
+def _adopt_when_started_for_longctx() -> None:
+    """A process a longctx process started for its work (vLLM's engine, a launcher and its ranks) binds itself to
+    its parent before anything else: multiprocessing's spawn imports the parent's main module, longctx's, first
+    thing, and a launched rank runs `-m longctx`, so a parent killed while the child is still starting (seconds
+    for vLLM's engine) leaves nothing behind (`longctx.core.processes.adopt`)."""
+    if os.environ.get("LONGCTX_PARENT"):
+        from longctx.core.processes import adopt
+
+        adopt()
+
+
 _register_when_transformers_is_imported()
+_adopt_when_started_for_longctx()

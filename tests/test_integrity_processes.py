@@ -60,10 +60,11 @@ def wait_until(condition, proc: subprocess.Popen) -> None:
         time.sleep(0.2)
 
 
-def assert_all_gone(mark: str, proc: subprocess.Popen) -> None:
-    """Kill `proc` (kill -9: no cleanup of its own), then see every process it started end: the kernel's
-    parent-death signal kills them at once; the wait only covers the moments a killed process takes to go."""
-    proc.send_signal(signal.SIGKILL)
+def assert_all_gone(mark: str, proc: subprocess.Popen, how: signal.Signals = signal.SIGKILL) -> None:
+    """Kill `proc` (kill -9: no cleanup of its own; SIGTERM: Python's default, the same), then see every process
+    it started end: the kernel's parent-death signal kills them at once; the wait only covers the moments a killed
+    process takes to go."""
+    proc.send_signal(how)
     proc.wait()
     left = marked(mark)
     for _ in range(300):
@@ -82,16 +83,20 @@ def ruler_ckpt(tmp_path_factory, reference_tokenizer_dir):
                             max_position_embeddings=2048)
 
 
+def _ruler(ruler_ckpt, out, mark) -> subprocess.Popen:
+    env = {**user_environment(), MARK: mark, "VLLM_CPU_KVCACHE_SPACE": "1", "TQDM_DISABLE": "1"}
+    return subprocess.Popen([sys.executable, "-m", "longctx", "ruler", "run", str(ruler_ckpt), "--backend", "vllm",
+                             "--dtype", "float32", "--enforce-eager", "--lengths", "1k", "--tasks", "vt",
+                             "--samples", "40", "-o", str(out), "--no-plot"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+
+
 @pytest.mark.slow
 def test_killing_ruler_leaves_no_vllm_process(ruler_ckpt, tmp_path):
     require_vllm()
     mark = uuid.uuid4().hex
     out = tmp_path / "run"
-    env = {**user_environment(), MARK: mark, "VLLM_CPU_KVCACHE_SPACE": "1", "TQDM_DISABLE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "longctx", "ruler", "run", str(ruler_ckpt), "--backend", "vllm",
-                             "--dtype", "float32", "--enforce-eager", "--lengths", "1k", "--tasks", "vt",
-                             "--samples", "40", "-o", str(out), "--no-plot"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    proc = _ruler(ruler_ckpt, out, mark)
     try:
         pred = out / "pred" / "1024" / "vt.jsonl"
         wait_until(lambda: pred.is_file() and pred.read_text().count("\n") >= 1, proc)
@@ -100,6 +105,25 @@ def test_killing_ruler_leaves_no_vllm_process(ruler_ckpt, tmp_path):
         children = [pid for pid in recorded(tmp_path / ".run.longctx-lock") if start_time(pid) is not None]
         assert len(children) >= 2 and set(children) <= set(marked(mark)), (children, marked(mark))
         assert_all_gone(mark, proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_killing_ruler_while_the_engine_starts_leaves_no_process(how, ruler_ckpt, tmp_path):
+    """vLLM's engine process is spawned, so it binds itself as it starts: killed while it imports vLLM (seconds
+    before vLLM's plugin hook runs), it ends with its parent. (Killed before it has read what to run, it ends by
+    itself: the pipe it reads from closes.)"""
+    require_vllm()
+    mark = uuid.uuid4().hex
+    proc = _ruler(ruler_ckpt, tmp_path / "run", mark)
+    try:
+        wait_until(lambda: any("spawn_main" in cmd for cmd in marked(mark).values()), proc)
+        seen = time.monotonic()
+        wait_until(lambda: time.monotonic() > seen + 3, proc)  # vLLM's import takes ~10 s here
+        assert_all_gone(mark, proc, how)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -137,40 +161,55 @@ def test_killing_extend_while_it_tokenizes_leaves_no_worker(tiny_checkpoint, cor
     assert not any((tmp_path / "cache").glob("tokens-*/meta.json"))  # nothing half-built was published
 
 
-# Takes the lock on argv[1], records argv[2] as its child and argv[3] as a child of another start time (a process
-# that merely has a pid the holder's child once had), says so and waits to be killed.
+# Takes the lock on argv[1], starts a process and records it as its child, records argv[2] as a child of another
+# start time (a process that merely has a pid the holder's child once had), says so (with its child's pid) and
+# waits to be killed.
 HOLDER = """
-import os, sys, time
+import os, subprocess, sys, time
 from longctx.core.locks import OutputLock
 from longctx.core.processes import record_child, start_time
 lock = OutputLock(sys.argv[1], "output")
-record_child(int(sys.argv[2]))
+left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+record_child(left.pid)
 with open(lock.path, "a") as f:
-    f.write(f"child {sys.argv[3]} {start_time(int(sys.argv[3])) + 1}\\n")
-print("held", flush=True)
+    f.write(f"child {sys.argv[2]} {start_time(int(sys.argv[2])) + 1}\\n")
+print(left.pid, flush=True)
 time.sleep(3600)
 """
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 @pytest.mark.slow
 def test_the_next_writer_kills_what_a_dead_holder_left_running(tmp_path):
     out = tmp_path / "out"
-    left, bystander = (subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"]) for _ in range(2))
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    left = None
     try:
-        holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out), str(left.pid), str(bystander.pid)],
+        holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out), str(bystander.pid)],
                                   stdout=subprocess.PIPE, text=True)
-        assert holder.stdout.readline() == "held\n"
-        assert recorded(tmp_path / ".out.longctx-lock") == [left.pid, bystander.pid]
+        left = int(holder.stdout.readline())
+        assert recorded(tmp_path / ".out.longctx-lock") == [left, bystander.pid]
         holder.send_signal(signal.SIGKILL)
         holder.wait()
-        assert left.poll() is None  # a process the holder did not bind: it outlived the holder
+        assert start_time(left) is not None  # a process the holder did not bind: it outlived the holder
         with OutputLock(out, "output"):
-            assert left.wait(timeout=60) == -signal.SIGKILL
+            for _ in range(600):
+                if start_time(left) is None:
+                    break
+                time.sleep(0.1)
+            assert start_time(left) is None
             assert bystander.poll() is None
     finally:
-        for p in (left, bystander):
-            p.kill()
-            p.wait()
+        bystander.kill()
+        bystander.wait()
+        if left is not None:
+            _kill(left)
     assert not (tmp_path / ".out.longctx-lock").exists()
 
 
@@ -198,3 +237,67 @@ def test_blocks_that_bind_children_nest_across_threads(monkeypatch):
     release.set()
     thread.join()
     assert PARENT_ENV not in os.environ
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launched_recipe(tmp_path: Path, checkpoint: Path, steps: int) -> Path:
+    """A recipe whose extend stage runs under torchrun with 2 ranks."""
+    import yaml
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "models": {"baseline": {"checkpoint": str(checkpoint)}},
+        "extend": {"seq_len": 256, "data": "synthetic:mixed", "steps": steps, "tokens_per_step": 512,
+                   "rope_base": 1e5},
+        "launcher": {"launcher": "torchrun", "num_processes": 2, "main_process_port": _free_port()}}))
+    return recipe
+
+
+@pytest.mark.slow
+def test_a_launched_trainings_refusal_is_its_one_line(tiny_checkpoint, tmp_path):
+    """The ranks refuse (weights without a tensor their config needs): the recipe ends with that line alone, not
+    with torchrun's report of failed ranks or a traceback."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_checkpoint, bad)
+    tensors = load_file(bad / "model.safetensors")
+    del tensors["model.layers.0.self_attn.q_proj.weight"]
+    save_file(tensors, bad / "model.safetensors", metadata={"format": "pt"})
+    r = subprocess.run([sys.executable, "-m", "longctx", "run", str(_launched_recipe(tmp_path, bad, 2)),
+                        "-o", str(tmp_path / "out")], capture_output=True, text=True, env=user_environment(),
+                       timeout=600)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert r.stderr.startswith("Error: extend for baseline: checkpoint ") and r.stderr.count("\n") == 1, r.stderr
+    assert "the weight files lack 1 tensor" in r.stderr
+
+
+@pytest.mark.slow
+def test_killing_a_recipe_leaves_no_launcher_or_rank(tiny_checkpoint, tmp_path):
+    """kill -9 of `longctx run` while its torchrun ranks train: torchrun dies with the recipe and the ranks with
+    torchrun, before they write the stage's checkpoint."""
+    mark = uuid.uuid4().hex
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "longctx", "run", str(_launched_recipe(tmp_path, tiny_checkpoint,
+                                                                                         10_000)),
+                             "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**user_environment(), MARK: mark, "TQDM_DISABLE": "1"})
+    try:
+        log = out / "baseline" / "extend" / "baseline-extend.train" / "train_log.jsonl"
+        wait_until(lambda: log.is_file() and log.read_text().count("\n") >= 1, proc)
+        ranks = [cmd for cmd in marked(mark).values() if "-m longctx extend" in cmd and "runpy" not in cmd]
+        assert len(ranks) == 2, marked(mark)
+        assert_all_gone(mark, proc)
+        assert not (out / "baseline" / "extend" / "baseline-extend").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()

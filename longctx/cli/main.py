@@ -16,7 +16,7 @@ import click
 from longctx import __version__
 from longctx.cli.options import settings_command
 from longctx.convert.settings import ConvertSettings
-from longctx.core.errors import InputError
+from longctx.core.errors import InputError, ProcessFailed
 from longctx.eval.settings import PrepareSettings, RulerRunSettings
 from longctx.extend.settings import ExtendSettings
 from longctx.info.describe import InfoSettings
@@ -42,6 +42,9 @@ class _Group(click.Group):
         except (InputError, RulerInputError) as e:
             click.echo(f"Error: {e}", err=True)
             sys.exit(2)
+        except ProcessFailed as e:
+            click.echo(f"Error: {e}", err=True)
+            sys.exit(1)
         except click.ClickException as e:
             click.echo(f"Error: {e.format_message()}", err=True)
             sys.exit(e.exit_code)

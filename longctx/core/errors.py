@@ -51,6 +51,10 @@ class InputError(ValueError):
     """Bad user input (a path, a config, an argument): one line for the user, exit code 2."""
 
 
+class ProcessFailed(Exception):
+    """A process a verb ran (a launched training) failed, and said why above: one line for the user, exit code 1."""
+
+
 def ref(name: str) -> str:
     """A reference to the setting `name` inside a `SettingError` text."""
     return f"\x1e{name}\x1f"

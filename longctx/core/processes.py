@@ -5,12 +5,14 @@ Two mechanisms, for two ways a process ends:
 - Linux's parent-death signal (prctl(2) PR_SET_PDEATHSIG, https://man7.org/linux/man-pages/man2/prctl.2.html):
   the kernel sends SIGKILL to a process when the thread that created it ends, whatever ended it (kill -9
   included). It must be set in the child itself and is cleared on fork, so every process sets it for itself:
-  a forked child in an `os.register_at_fork` hook (`children_bound`; vLLM forks its engine process by default:
-  vllm-project/vllm v0.32.0 vllm/utils/system_utils.py `get_mp_context`, VLLM_WORKER_MULTIPROC_METHOD), a
-  spawned one when it starts (`adopt`: the tokenize workers' initializer, and the `vllm.general_plugins` entry
-  point longctx.models.plugin:register, which vLLM runs in a spawned engine process, v0.32.0
-  vllm/v1/engine/core.py `EngineCore.__init__`, and in each spawned worker, vllm/v1/worker/worker_base.py
-  `init_worker`; a forked one finds the plugins loaded already and skips them, hence the fork hook). vLLM starts
+  a forked child in an `os.register_at_fork` hook (`children_bound`; vLLM forks its engine process unless it
+  must spawn: vllm-project/vllm v0.32.0 vllm/utils/system_utils.py `get_mp_context`), a spawned one when it
+  starts (`adopt`, which importing longctx runs first thing in a process started for longctx: multiprocessing's
+  spawn imports the parent's main module, longctx's CLI, before anything else; and again from the tokenize
+  workers' initializer and the `vllm.general_plugins` entry point longctx.models.plugin:register, which vLLM runs
+  in each engine and worker process, v0.32.0 vllm/v1/engine/core.py `EngineCore.__init__`,
+  vllm/v1/worker/worker_base.py `init_worker`). A launcher (torchrun) runs bound the same way, and its ranks,
+  which run `-m longctx`, bind themselves to it. vLLM starts
   its engine process from the thread that builds `vllm.LLM` and its workers from the engine process's main
   thread (v0.32.0 vllm/v1/engine/utils.py `CoreEngineProcManager`, vllm/v1/executor/multiproc_executor.py
   `WorkerProc.make_worker_process`); longctx builds the engine and its tokenize pool in its main thread, so the
@@ -190,19 +192,18 @@ def children_bound() -> Iterator[None]:
 
 
 def adopt() -> None:
-    """In a process that may have been spawned by a longctx process inside `children_bound()`: die with
-    that parent (and end now when it has ended already), record this process in its outputs' locks, and bind
-    the processes this one starts. Does nothing elsewhere: in a process nothing bound started (a vLLM server a
-    user started, the longctx process itself), or one that a bound process started through another program
-    (its starter lives on, but is not its parent)."""
+    """In a process that a longctx process inside `children_bound()` started, directly or through a program it
+    started (torchrun's ranks): die with the parent (and end now when the starter has ended already), record this
+    process in its outputs' locks, and bind the processes this one starts. A rank dies with the launcher, which
+    dies with longctx. Does nothing elsewhere: in a process nothing bound started (a vLLM server a user started,
+    the longctx process itself)."""
     starter = _starter()
     if starter is None or starter[0] == os.getpid():
         return
     pid, started = starter
-    if os.getppid() == pid:
-        _bound_to(pid)
-    elif start_time(pid) != started:
-        os._exit(1)  # the process that started this one has ended: so does its work
+    if os.getppid() != pid and start_time(pid) != started:
+        os._exit(1)  # the process that started this one's work has ended: so does the work
+    _bound_to(os.getppid())
 
 
 def available_cores() -> int:

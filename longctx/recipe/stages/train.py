@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-import subprocess
 
 from longctx.core.settings import Settings
 from longctx.extend.loop import extend
 from longctx.extend.settings import ExtendSettings
-from longctx.recipe.launch import launch_command
+from longctx.recipe.launch import launch_command, run_launched
 from longctx.recipe.stage import CheckpointStage, Lengths, RunContext, Step
 
 
@@ -26,9 +25,7 @@ class TrainStage(CheckpointStage):
         if ctx.recipe.launcher.num_processes > 1:
             shown, cmd = launch_command(ctx.recipe, job)
             ctx.log(f"$ {shlex.join(shown)}")
-            rc = subprocess.run(cmd).returncode
-            if rc != 0:
-                raise RuntimeError(f"{step.label}: the launched training exited with code {rc}")
+            run_launched(cmd, step.label)
             return
 
         extend(job)
