@@ -13,6 +13,7 @@ singular rewrite ("are" -> "is", ...) is applied to the task text only, never to
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 import time
@@ -37,11 +38,18 @@ _RESERVED_KWARGS = frozenset({
 # one with huge loops (Jinja's sandbox caps each `range` at 100,000 items, not loops nested in loops) would never
 # finish.
 RENDER_LIMIT_S = 10.0
+# The most characters a chat template may write around one message: a real one writes hundreds (a long system
+# prompt, thousands); a loop that writes without end would fill the memory long before its time runs out.
+RENDER_LIMIT_CHARS = 1 << 24
 JINJA_FILENAME = "<template>"  # the file name of the code Jinja compiles a template from a string to
 
 
 class _RenderTimeout(BaseException):
     """A render past `RENDER_LIMIT_S` (a BaseException: the template's own `except Exception` cannot catch it)."""
+
+
+class _RenderTooLarge(BaseException):
+    """A render past `RENDER_LIMIT_CHARS` (a BaseException, as `_RenderTimeout`)."""
 
 
 def _bounded(render, *args):
@@ -50,9 +58,12 @@ def _bounded(render, *args):
     it runs and can end it. Only the template's frames are traced and timed: what transformers does around them
     (imports, compiling the template) and what other processes do to this machine (an engine starting beside it)
     do not count, so a template never times out for being rendered on a busy machine. The previous trace function
-    (a debugger, coverage) is restored after."""
+    (a debugger, coverage) is restored after. What the template writes is counted as its render functions yield it
+    (Jinja's compiled template is a generator of text pieces), and stopped with `_RenderTooLarge` past
+    `RENDER_LIMIT_CHARS`."""
     since: float | None = None  # the clock starts when the template's code first runs
     used = 0.0
+    written = 0
 
     def charge() -> None:
         nonlocal since, used
@@ -64,7 +75,12 @@ def _bounded(render, *args):
             raise _RenderTimeout
 
     def in_template(frame, event, arg):
+        nonlocal written
         charge()
+        if event == "return" and frame.f_code.co_flags & inspect.CO_GENERATOR and isinstance(arg, str):
+            written += len(arg)  # a piece of the output yielded (a macro's return is yielded again: not counted)
+            if written > RENDER_LIMIT_CHARS:
+                raise _RenderTooLarge
         return in_template
 
     def tracer(frame, event, arg):
@@ -206,6 +222,10 @@ def model_template(name: str, tokenizer=None, system_prompt: str | None = None,
     except _RenderTimeout:
         raise RulerInputError(f"the tokenizer's chat template did not finish rendering one message within "
                               f"{RENDER_LIMIT_S:g} s of CPU time (the limit); fix its loops, or use "
+                              f"{ref('template')} base") from None
+    except _RenderTooLarge:
+        raise RulerInputError(f"the tokenizer's chat template wrote more than {RENDER_LIMIT_CHARS:,} characters "
+                              f"around one message (the limit); fix what it writes in its loops, or use "
                               f"{ref('template')} base") from None
     except Exception as e:  # noqa: BLE001 - a template that does not render is a user-input problem
         raise RulerInputError(_render_failure(render, e, system, user, kwargs)) from None

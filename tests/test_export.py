@@ -42,6 +42,13 @@ def test_lm_eval_export_is_lm_evals_results_shape_and_reads_back(tmp_path):
     assert run("export", d, "--format", "lm-eval", "-o", out, "--overwrite").exit_code == 0
     r = run("export", d, "--format", "lm-eval", "-o", tmp_path)
     assert r.exit_code == 2 and "is a folder" in r.output and r.output.count("\n") == 1
+    # --overwrite replaces an export, never a file of the user's that happens to be there
+    mine = tmp_path / "notes.json"
+    mine.write_text('{"results": {}}\n')
+    r = run("export", d, "--format", "lm-eval", "-o", mine, "--overwrite")
+    assert r.exit_code == 2 and "exists and is not an lm-eval export longctx wrote; --overwrite replaces only those" \
+        in r.output and r.output.count("\n") == 1, r.output
+    assert mine.read_text() == '{"results": {}}\n'
 
 
 def test_ruler_export_is_rulers_summary_csv_and_reads_back(tmp_path):

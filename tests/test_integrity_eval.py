@@ -472,6 +472,46 @@ def test_a_chat_template_that_would_render_forever_is_stopped_at_the_limit(verb,
     assert not out.exists()
 
 
+@pytest.mark.slow
+def test_what_a_server_sends_is_stored_and_shown_as_text(serve, ckpt, tmp_path):
+    """A completion holding a lone surrogate (JSON "\\ud800", which no file encoding takes) is stored with U+FFFD,
+    and export reads it back; an error whose text carries escape sequences and line breaks is one printable
+    line."""
+    server = serve(cards=card(ckpt), reply="caf\udce9 \ud83d\ude00")
+    out = tmp_path / "run"
+    assert run(*ruler_args(ckpt, out, "--backend", "openai", "--base-url", server.url, tasks="vt")).exit_code == 0
+    preds = jsonl(out / "pred" / "1024" / "vt.jsonl")
+    assert {p["pred"] for p in preds} == {"caf\ufffd \U0001f600"}
+    for fmt, target in (("lm-eval", tmp_path / "r.json"), ("ruler", tmp_path / "ruler")):
+        r = run("export", out, "--format", fmt, "-o", target)
+        assert r.exit_code == 0, r.output
+
+    def fails(handler):
+        send(handler, 400, {"error": {"message": "bad\x1b]0;owned\x07 request\n\x1b[2Jcleared"}})
+
+    loud = serve(cards=card(ckpt), plan=lambda path, count: fails if path == "/v1/completions" else None)
+    r = run(*ruler_args(ckpt, tmp_path / "loud", "--backend", "openai", "--base-url", loud.url, tasks="vt"))
+    assert r.exit_code != 0 and "\x1b" not in r.stderr and "\x07" not in r.stderr, r.stderr
+    error = [line for line in r.stderr.splitlines() if line.startswith("Error: ")]
+    assert len(error) == 1 and "bad\\x1b]0;owned\\x07 request \\x1b[2Jcleared" in error[0], r.stderr
+
+
+def test_a_chat_template_that_writes_without_end_is_stopped_at_the_size_limit(reference_tokenizer_dir, monkeypatch):
+    """Output, not time: a template whose loops write 10^10 pieces is stopped once it has written the limit, and the
+    line says so (not "loops" and not a memory error)."""
+    from transformers import AutoTokenizer
+
+    from ruler_tasks import templates
+    from ruler_tasks.errors import RulerInputError
+
+    monkeypatch.setattr(templates, "RENDER_LIMIT_CHARS", 100_000)
+    tok = AutoTokenizer.from_pretrained(reference_tokenizer_dir)
+    tok.chat_template = LOOPS.replace("{% endfor %}{% endfor %}", "words {% endfor %}{% endfor %}", 1)
+    with pytest.raises(RulerInputError, match="chat template wrote more than 100,000 characters around one message "
+                                              r"\(the limit\); fix what it writes in its loops"):
+        templates.model_template("chat", tok)
+
+
 # --- 9. refusals leave nothing: weights that do not match the config -------------------------------------
 
 

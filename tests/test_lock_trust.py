@@ -84,3 +84,20 @@ def test_a_planted_lock_signals_no_process_longctx_did_not_start(tiny_checkpoint
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_nothing_is_written_inside_a_folder_another_process_is_writing(tiny_checkpoint, tmp_path):
+    """A run directory being written (its lock names a live process of this machine): an output inside it is
+    refused in one line, for every verb (the lock is taken by one class for all of them)."""
+    busy = tmp_path / "run"
+    busy.mkdir()
+    other = os.getppid()  # a live process that is not this one
+    _lock_of(busy).write_text(f"{other} {os.uname().nodename} {start_time(other)}\n")
+    inside = busy / "yarn-out"
+    r = CliRunner().invoke(cli, ["yarn", str(tiny_checkpoint), "--factor", "2", "-o", str(inside)])
+    assert r.exit_code == 2, r.output
+    assert f"lies in '{busy}', which process {other} on {os.uname().nodename} is writing" in r.stderr
+    assert r.stderr.count("\n") == 1 and not inside.exists()
+    _lock_of(busy).write_text(f"{other} {os.uname().nodename} {start_time(other) + 1}\n")  # its holder is gone
+    r = CliRunner().invoke(cli, ["yarn", str(tiny_checkpoint), "--factor", "2", "-o", str(inside)])
+    assert r.exit_code == 0, r.output

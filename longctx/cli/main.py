@@ -16,7 +16,7 @@ import click
 from longctx import __version__
 from longctx.cli.options import settings_command
 from longctx.convert.settings import ConvertSettings
-from longctx.core.errors import InputError, ProcessFailed
+from longctx.core.errors import InputError, ProcessFailed, printable
 from longctx.eval.settings import PrepareSettings, RulerRunSettings
 from longctx.extend.settings import ExtendSettings
 from longctx.info.describe import InfoSettings
@@ -37,16 +37,16 @@ class _Group(click.Group):
             code = super().main(args, prog_name or "longctx", standalone_mode=False, **extra)
         except click.UsageError as e:
             hint = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
-            click.echo(f"Error: {e.format_message()}{hint}", err=True)
+            click.echo(f"Error: {printable(e.format_message())}{hint}", err=True)
             sys.exit(2)
         except (InputError, RulerInputError) as e:
-            click.echo(f"Error: {e}", err=True)
+            click.echo(f"Error: {printable(str(e))}", err=True)
             sys.exit(2)
         except ProcessFailed as e:
-            click.echo(f"Error: {e}", err=True)
+            click.echo(f"Error: {printable(str(e))}", err=True)
             sys.exit(1)
         except click.ClickException as e:
-            click.echo(f"Error: {e.format_message()}", err=True)
+            click.echo(f"Error: {printable(e.format_message())}", err=True)
             sys.exit(e.exit_code)
         except click.Abort:
             click.echo("Aborted.", err=True)

@@ -35,9 +35,21 @@ def option_name(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+# Characters a terminal acts on rather than shows (C0 but the white space `split` takes, DEL, C1: escape
+# sequences move the cursor, recolour, retitle the window), and lone surrogates (which no file encoding takes).
+_UNPRINTABLE = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """`text` on one line, with what a terminal would act on (an escape sequence a server sent) shown escaped."""
+    return " ".join(_UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape", "backslashreplace").decode(),
+                                     text).split())
+
+
 def one_line(text: str, limit: int = 300) -> str:
-    """`text` (a server's answer, a library's exception) on one line, cut to `limit` characters."""
-    text = " ".join(text.split())
+    """`text` (a server's answer, a library's exception) on one line, printable (`printable`), cut to `limit`
+    characters."""
+    text = printable(text)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 

@@ -111,6 +111,31 @@ def _not_ours(fd: int) -> str | None:
     return None
 
 
+def _writer_above(real: Path) -> tuple[Path, str] | None:
+    """The nearest folder above the output `real` that another process is writing (its lock file names a live
+    holder on this machine, the same process that started then), with who that is; None when there is none.
+    Locks this process holds, or its starter holds for it (`LOCKS_ENV`: a recipe's stages), do not count."""
+    ours = {*_HELD, *filter(None, os.environ.get(LOCKS_ENV, "").split(os.pathsep))}
+    for folder in real.parents:
+        if folder.parent == folder:
+            return None
+        lock = folder.parent / f".{folder.name}{LOCK_FILE}"
+        if str(lock) in ours:
+            continue
+        try:
+            fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            holder = (_read_holder(fd) or ([], []))[0] if _not_ours(fd) is None else []
+        finally:
+            os.close(fd)
+        if (len(holder) == 3 and holder[1] == socket.gethostname() and int(holder[0]) != os.getpid()
+                and start_time(int(holder[0])) == int(holder[2])):
+            return folder, f"process {holder[0]} on {holder[1]}"
+    return None
+
+
 def _make_parents(folder: Path, what: str, out: Path) -> list[Path]:
     """Make `folder` and the parents it lacks; returns those made, outermost first."""
     missing = []
@@ -153,6 +178,11 @@ class OutputLock:
         real = Path(os.path.realpath(out))
         self.out, self.what = Path(out), what
         self.path = real.parent / f".{real.name}{LOCK_FILE}"
+        writing = _writer_above(real)
+        if writing is not None:
+            folder, who = writing
+            raise InputError(f"{what} '{out}' lies in '{folder}', which {who} is writing; wait for it to finish, or "
+                             "choose another -o")
         with _HELD_GUARD:
             held = _HELD.get(str(self.path))
             if held is not None:

@@ -93,6 +93,13 @@ def _requests(out: Path, lengths: list[int], specs, done: dict, think_tokens: in
                                   s.tokens_to_generate + think_tokens)
 
 
+def whole_characters(text: str) -> str:
+    """`text` with each lone UTF-16 surrogate (a server's JSON may carry "\\ud800"; no file encoding takes one, so
+    it would break every later reader of the prediction) as U+FFFD, and a surrogate pair as the character it
+    encodes."""
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 def _predict(bk, out: Path, *, lengths, specs, done, pending: int, progress: bool,
              on_prediction: Callable[[dict], None] | None,
              think_tokens: int | None) -> tuple[int, dict[int, dict[str, Any]]]:
@@ -121,6 +128,7 @@ def _predict(bk, out: Path, *, lengths, specs, done, pending: int, progress: boo
     def on_result(r: Request, text: str, prompt_tokens: int | None) -> None:
         nonlocal count
         L, task, index, outputs, length, prompt_sha = r.key
+        text = whole_characters(text)
         rec = {"index": index, "pred": text, "outputs": outputs, "length": length, "task": task, "max_length": L,
                "prompt_tokens": prompt_tokens, "prompt_sha256": prompt_sha}
         if think_tokens is not None:

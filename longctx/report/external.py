@@ -264,5 +264,20 @@ def export(s) -> list[Path]:
     with OutputLock(out, "output"):
         if out.exists() and not s.overwrite:
             raise s.error(f"'{out}' exists; pass {ref('overwrite')} to replace it")
+        if out.exists() and not _an_export(out):
+            raise s.error(f"'{out}' exists and is not an lm-eval export longctx wrote; {ref('overwrite')} replaces "
+                          "only those: choose another -o")
         out.parent.mkdir(parents=True, exist_ok=True)
         return export_run(results, s.format, out)
+
+
+def _an_export(path: Path) -> bool:
+    """Whether the file `path` is an lm-eval results file `export` wrote (its "longctx" entry says so)."""
+    try:
+        if not path.is_file() or path.is_symlink() or path.stat().st_size > 1 << 26:
+            return False
+        doc = loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    mark = doc.get("longctx") if isinstance(doc, dict) else None
+    return isinstance(mark, dict) and mark.get("note") == NOTE
