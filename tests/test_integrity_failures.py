@@ -188,6 +188,21 @@ def test_full_disk_is_one_line_and_leaves_nothing(verb, environment, full_disk):
     _refused(verb, environment, full_disk, "No space left on device")
 
 
+@pytest.mark.slow
+def test_a_full_cache_disk_costs_time_or_names_the_cache(environment, full_disk, tmp_path, monkeypatch):
+    """The cache's disk is full, the output's is not: a verb whose caches only save time (the tokenizer and
+    essay-sentence caches of `ruler prepare`) runs as it would without them; one that must keep what it caches
+    (`extend`'s tokenized data) says it is the cache's disk and how to move the cache, not the output's."""
+    monkeypatch.setenv("LONGCTX_CACHE_DIR", str(full_disk / "cache"))
+    r = invoke(WRITERS["ruler prepare"].format(w=environment, o=tmp_path / "prepared").split())
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "extended"
+    one_line_exit_2(invoke(WRITERS["extend"].format(w=environment, o=out).split()),
+                    f"cannot write the tokenized-data cache in '{full_disk / 'cache' / 'data'}': No space left on "
+                    "device; free space there, or give --cache-dir on another disk")
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("verb,leave", [("yarn", 64 << 10), ("init", 64 << 10), ("convert", 64 << 10),
                                         ("ruler prepare", 16 << 10)])
 @pytest.mark.slow

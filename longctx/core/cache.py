@@ -103,8 +103,13 @@ def _key() -> bytes | None:
             continue
         except OSError:
             return None
-        with os.fdopen(fd, "wb") as f:
-            f.write(secrets.token_bytes(_KEY_BYTES))
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(secrets.token_bytes(_KEY_BYTES))
+        except OSError:  # a full disk: no key, so nothing is kept (the next run tries again)
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return None
     return None
 
 

@@ -47,7 +47,14 @@ from longctx.data import synthetic
 from longctx.data.sources import check_data_specs
 from longctx.extend.loss import IGNORE_INDEX
 from longctx.extend.settings import PACKING_MODES
-from longctx.extend.tokens import CACHE_VERSION, Pool, remove_unverified, token_pool, write_sealed_meta
+from longctx.extend.tokens import (
+    CACHE_VERSION,
+    Pool,
+    cache_refusal,
+    remove_unverified,
+    token_pool,
+    write_sealed_meta,
+)
 
 # Sequences kept open while packing: more fills gaps better, each costs a scan per piece.
 _OPEN_SEQUENCES = 16
@@ -234,13 +241,16 @@ def build_packed_dataset(specs: Sequence[str], tokenizer: Any, seq_len: int, *, 
         log(f"reusing packed sequences {plan_dir}")
     else:
         remove_unverified(plan_dir)
-        with atomic_dir(plan_dir, keep_existing="meta.json") as tmp:
-            stats = _write_plan(tmp, pools, seq_len=seq_len, seed=seed, num_tokens=num_tokens,
-                                short_fraction=short_fraction, packing=packing, log=log,
-                                body_len=seq_len - (bos_id is not None))
-            files = {f"{k}.npy": sha256_file(tmp / f"{k}.npy") for k in PLAN_ARRAYS}
-            write_sealed_meta(tmp, plan_dir, {"version": CACHE_VERSION, "fingerprint": fingerprint, "stats": stats,
-                                              "files": files})
+        try:
+            with atomic_dir(plan_dir, keep_existing="meta.json") as tmp:
+                stats = _write_plan(tmp, pools, seq_len=seq_len, seed=seed, num_tokens=num_tokens,
+                                    short_fraction=short_fraction, packing=packing, log=log,
+                                    body_len=seq_len - (bos_id is not None))
+                files = {f"{k}.npy": sha256_file(tmp / f"{k}.npy") for k in PLAN_ARRAYS}
+                write_sealed_meta(tmp, plan_dir, {"version": CACHE_VERSION, "fingerprint": fingerprint,
+                                                  "stats": stats, "files": files})
+        except OSError as e:
+            raise cache_refusal(e, cache) or e from None
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ds = PackedDataset(plan_dir, pools, seq_len=seq_len, pad_id=pad_id, seed=seed, fingerprint=fingerprint, stats=stats,
                        stream=packing == "stream", bos_id=bos_id)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import errno
 import itertools
 import os
 import shutil
@@ -200,6 +201,15 @@ class _TokenStream:
             ahead += chars / self.chars_per_token
 
 
+def cache_refusal(e: OSError, cache: Path) -> SettingError | None:
+    """The line for a write into the tokenized-data cache `cache` that its disk refused (full, over quota,
+    read-only): the cache's disk and its setting, not the output's; None for any other error."""
+    if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS):
+        return None
+    return SettingError(f"cannot write the tokenized-data cache in '{cache}': {e.strerror or os.strerror(e.errno)}; "
+                        f"free space there, or give {ref('cache_dir')} on another disk")
+
+
 def write_sealed_meta(tmp: Path, final: Path, meta: dict[str, Any]) -> None:
     """meta.json of a cache folder built in `tmp` and renamed to `final`, sealed for `final`; unsealed (so never
     reused, which costs time) when this user's cache cannot seal."""
@@ -300,6 +310,8 @@ def token_pool(specs: Sequence[str], tokenizer: Any, budget: int, *, seed: int, 
     try:
         meta = _write_tokens(final, specs, tokenizer=tokenizer, identity=identity, budget=budget, seed=seed,
                               length_tokens=length_tokens, tokenizing=tokenizing, dtype=dtype)
+    except OSError as e:
+        raise cache_refusal(e, cache_dir) or e from None
     except BrokenProcessPool:
         raise SettingError(f"a tokenize worker process died (killed, or out of memory) while tokenizing "
                            f"{', '.join(specs)}; nothing was cached: rerun, with fewer {ref('tokenize_workers')} if "
