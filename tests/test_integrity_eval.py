@@ -496,6 +496,30 @@ def test_what_a_server_sends_is_stored_and_shown_as_text(serve, ckpt, tmp_path):
     assert len(error) == 1 and "bad\\x1b]0;owned\\x07 request \\x1b[2Jcleared" in error[0], r.stderr
 
 
+def test_a_refusal_found_while_writing_does_not_wait_for_the_engine_start(ckpt, tmp_path, monkeypatch):
+    """The task files are written while the backend starts: a refusal the writing finds (after the checks made
+    before it) ends the run at once, in its own line, instead of after the start (a minute for vLLM's engine)."""
+    from longctx.eval import runner
+    from longctx.eval.backends.hf import HfBackend
+    from ruler_tasks.errors import RulerInputError
+
+    def slow_load(self):
+        time.sleep(120)
+
+    def refusing_prepare(*args, on_checked=None, **kwargs):
+        on_checked()
+        time.sleep(0.5)  # the start is under way
+        raise RulerInputError("a refusal found while writing the task files")
+
+    monkeypatch.setattr(HfBackend, "_load", slow_load)
+    monkeypatch.setattr(runner, "prepare", refusing_prepare)
+    started = time.monotonic()
+    r = run(*ruler_args(ckpt, tmp_path / "run", "--backend", "hf", tasks="vt"))
+    one_error_line(r, "a refusal found while writing the task files")
+    assert time.monotonic() - started < 30
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_chat_template_that_writes_without_end_is_stopped_at_the_size_limit(reference_tokenizer_dir, monkeypatch):
     """Output, not time: a template whose loops write 10^10 pieces is stopped once it has written the limit, and the
     line says so (not "loops" and not a memory error)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -374,6 +375,33 @@ def _stage_run(s: RulerRunSettings, ckpt: Path, *, fp: str, tok, specs, bk, room
                     made.prepare_s, made.start_s, stage)
 
 
+class _Interruptible:
+    """While its block runs in the main thread, `interrupt()` from another thread ends the block at once with
+    KeyboardInterrupt (a SIGINT to the main thread: it breaks the wait of a starting engine, which then shuts
+    down as on Ctrl-C), and `interrupted` says it was this. Elsewhere (another thread, a SIGINT handler of the
+    caller's own) `interrupt()` does nothing and the block runs to its end."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running = self.interrupted = False
+
+    def __enter__(self) -> _Interruptible:
+        with self.lock:
+            self.running = (threading.current_thread() is threading.main_thread()
+                            and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self.lock:
+            self.running = False
+
+    def interrupt(self) -> None:
+        with self.lock:
+            if self.running:
+                self.interrupted, self.running = True, False
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+
 @dataclass
 class _Made:
     manifest: dict[str, Any]
@@ -403,6 +431,7 @@ def _tasks_and_start(s: RulerRunSettings, tok, specs, stage: StagedRun, bk, *, p
         return _Made(manifest, time.perf_counter() - t0, None)
     checked, stop = threading.Event(), threading.Event()
     box: dict[str, Any] = {}
+    starting = _Interruptible()
 
     def run() -> None:
         try:
@@ -410,6 +439,7 @@ def _tasks_and_start(s: RulerRunSettings, tok, specs, stage: StagedRun, bk, *, p
             box["prepare_s"] = time.perf_counter() - t0
         except BaseException as e:  # noqa: BLE001 - handed to the thread that waits for it
             box["error"] = e
+            starting.interrupt()  # a refusal found while writing need not wait for the engine to start
         finally:
             checked.set()
 
@@ -418,12 +448,15 @@ def _tasks_and_start(s: RulerRunSettings, tok, specs, stage: StagedRun, bk, *, p
     try:
         checked.wait()
         if "error" not in box:
-            bk.start(stage.root)
+            with starting:
+                bk.start(stage.root)
         start_s = time.perf_counter() - t0
         thread.join()
     except BaseException:
         stop.set()
         thread.join()
+        if starting.interrupted and "error" in box:
+            raise box["error"] from None
         raise
     if "error" in box:
         raise box["error"]
