@@ -101,3 +101,39 @@ def test_nothing_is_written_inside_a_folder_another_process_is_writing(tiny_chec
     _lock_of(busy).write_text(f"{other} {os.uname().nodename} {start_time(other) + 1}\n")  # its holder is gone
     r = CliRunner().invoke(cli, ["yarn", str(tiny_checkpoint), "--factor", "2", "-o", str(inside)])
     assert r.exit_code == 0, r.output
+
+
+def test_an_ownership_mark_that_is_a_link_does_not_make_a_folder_longctxs(tiny_checkpoint, tmp_path):
+    """A user's folder whose `.longctx-output` links to a real mark elsewhere is still the user's: --overwrite
+    refuses it, and nothing in it is removed."""
+    from longctx.core.files import OWNER_FILE, mark_output
+
+    made = tmp_path / "made"
+    made.mkdir()
+    mark_output(made, "checkpoint")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text(PRECIOUS)
+    (mine / OWNER_FILE).symlink_to(made / OWNER_FILE)
+    r = CliRunner().invoke(cli, ["yarn", str(tiny_checkpoint), "--factor", "2", "-o", str(mine), "--overwrite"])
+    assert r.exit_code == 2 and "was not made by longctx" in r.stderr and r.stderr.count("\n") == 1, r.output
+    assert (mine / "notes.txt").read_text() == PRECIOUS
+
+
+@pytest.mark.parametrize("plant", PLANTS[:2] + [_a_pipe] + ([_another_users] if os.geteuid() == 0 else []))
+def test_a_file_longctx_appends_to_is_never_someone_elses(plant, tmp_path):
+    """The files longctx appends to in place (predictions, the training log, the engine log), planted as a link to
+    a user's file, a hard link, a pipe or another user's file: one line, and the user's file as it was (a torn
+    last line would otherwise be cut from it, an engine log would empty it)."""
+    from longctx.core.errors import InputError
+    from longctx.eval.predictions import PredictionWriter
+
+    pred = tmp_path / "pred" / "1024" / "vt.jsonl"
+    pred.parent.mkdir(parents=True)
+    plant(pred, tmp_path)
+    writer = PredictionWriter()
+    with pytest.raises(InputError, match="is not a file longctx wrote"):
+        writer.write(pred, {"index": 0, "pred": "x"})
+    writer.close()
+    if (tmp_path / "notes.txt").exists():
+        assert (tmp_path / "notes.txt").read_text() == PRECIOUS

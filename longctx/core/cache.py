@@ -26,7 +26,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from longctx.core.files import cache_dir, write_atomic
+from longctx.core.files import cache_dir, open_own, read_own, write_atomic
 from longctx.core.parse import loads
 
 SEAL = b"longctx-seal/1 "
@@ -55,33 +55,6 @@ def folder(*parts: str, make: bool = True) -> Path | None:
         if not stat.S_ISDIR(st.st_mode) or not _own(st):
             return None
     return chain[-1]
-
-
-def _open_own(path: Path, limit: int) -> int | None:
-    """A read descriptor of `path` when it is a regular file of this user's within `limit` bytes, opened without
-    following a link; None otherwise."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or not _own(st) or st.st_size > limit:
-        os.close(fd)
-        return None
-    return fd
-
-
-def read_own(path: Path, limit: int) -> bytes | None:
-    """The content of `path` when it is a regular file of this user's within `limit` bytes (not a link)."""
-    fd = _open_own(path, limit)
-    if fd is None:
-        return None
-    try:
-        with os.fdopen(fd, "rb") as f:
-            data = f.read(limit + 1)
-    except OSError:
-        return None
-    return data if len(data) <= limit else None
 
 
 def _key() -> bytes | None:
@@ -176,7 +149,7 @@ def write_json(path: Path, obj: Any, at: Path | None = None) -> bool:
 def check_sha256(path: Path, sha256: Any, limit: int) -> bool:
     """Whether `path` is a regular file of this user's (not a link) within `limit` bytes whose content hashes to
     `sha256` (as a sealed description of it recorded)."""
-    fd = _open_own(path, limit) if isinstance(sha256, str) else None
+    fd = open_own(path, limit) if isinstance(sha256, str) else None
     if fd is None:
         return False
     h = hashlib.sha256()

@@ -8,12 +8,14 @@ rename durable after it (https://man7.org/linux/man-pages/man2/rename.2.html, fs
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import json
 import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -259,6 +261,57 @@ def publish_dir(tmp: Path, final: Path, complete: str) -> None:
         _fsync_dir(final.parent)
 
 
+def open_own(path: Path, limit: int) -> int | None:
+    """A read descriptor of `path` when it is a regular file of this user's within `limit` bytes, opened without
+    following a link; None otherwise (what longctx reads back of its own: its marks, its cache)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size > limit:
+        os.close(fd)
+        return None
+    return fd
+
+
+def read_own(path: Path, limit: int) -> bytes | None:
+    """The content of `path` when it is a regular file of this user's within `limit` bytes (not a link)."""
+    fd = open_own(path, limit)
+    if fd is None:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError:
+        return None
+    return data if len(data) <= limit else None
+
+
+def open_in_place(path: str | os.PathLike, *, truncate: bool = False, read: bool = False) -> int:
+    """A descriptor of the file `path` opened for appending (made when missing; with `truncate` emptied first;
+    with `read` readable too), never through a symbolic link, and never a file that is not a plain file of this
+    user's with one name: what sits in a folder longctx writes under a name longctx appends to, and is
+    otherwise, is not longctx's to change (a link to a user's file would be truncated or appended to).
+    InputError naming it otherwise."""
+    flags = (os.O_RDWR if read else os.O_WRONLY) | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise
+        fd = None
+    st = os.fstat(fd) if fd is not None else None
+    if st is None or not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+        if fd is not None:
+            os.close(fd)
+        raise InputError(f"'{path}' is not a file longctx wrote (a link, a folder, another user's file or one with "
+                         "other names) where longctx keeps its own; move it away and rerun")
+    if truncate:
+        os.ftruncate(fd, 0)
+    return fd
+
+
 # --- outputs: what a verb may write into, replace or remove -----------------------------------------
 
 
@@ -270,7 +323,8 @@ def mark_output(folder: Path, kind: str) -> None:
 def output_kind(folder: Path) -> str | None:
     """The kind of longctx output `folder` is, or None when longctx did not make it."""
     with contextlib.suppress(OSError, ValueError):
-        doc = read_json(folder / OWNER_FILE)
+        data = read_own(folder / OWNER_FILE, 4096)  # a link, or another user's file, is no mark of longctx's
+        doc = loads(data.decode("utf-8")) if data is not None else None
         if isinstance(doc, dict) and doc.get("format") == OWNER_FORMAT and isinstance(doc.get("kind"), str):
             return doc["kind"]
     return None

@@ -64,12 +64,18 @@ _HELD: dict[str, _Held] = {}  # lock file path -> the lock this process holds th
 _HELD_GUARD = threading.RLock()  # re-entered by a finalizer that runs during a collection
 
 
-def _publish_held() -> None:
-    """The lock files this process holds, where the processes it starts record themselves
-    (`longctx.core.processes.record_child`)."""
+# The locks of the process that started this one for its work (a recipe, for the training ranks it launches):
+# held for this process's outputs too.
+_INHERITED = tuple(filter(None, os.environ.get(LOCKS_ENV, "").split(os.pathsep)))
 
-    if _HELD:
-        os.environ[LOCKS_ENV] = os.pathsep.join(_HELD)
+
+def _publish_held() -> None:
+    """The lock files this process holds, and those its starter holds for it, where the processes it starts
+    record themselves (`longctx.core.processes.record_child`)."""
+
+    held = [*_INHERITED, *(p for p in _HELD if p not in _INHERITED)]
+    if held:
+        os.environ[LOCKS_ENV] = os.pathsep.join(held)
     else:
         os.environ.pop(LOCKS_ENV, None)
 
@@ -115,7 +121,7 @@ def _writer_above(real: Path) -> tuple[Path, str] | None:
     """The nearest folder above the output `real` that another process is writing (its lock file names a live
     holder on this machine, the same process that started then), with who that is; None when there is none.
     Locks this process holds, or its starter holds for it (`LOCKS_ENV`: a recipe's stages), do not count."""
-    ours = {*_HELD, *filter(None, os.environ.get(LOCKS_ENV, "").split(os.pathsep))}
+    ours = {*_HELD, *_INHERITED, *filter(None, os.environ.get(LOCKS_ENV, "").split(os.pathsep))}
     for folder in real.parents:
         if folder.parent == folder:
             return None

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from longctx.core.errors import InputError
+from longctx.core.files import open_in_place
 from longctx.core.parse import loads
 
 
@@ -93,12 +94,12 @@ def read_predictions(path: Path, prompts: list[str] | None = None) -> dict[int, 
 
 def _repair(path: Path) -> None:
     """Cut a torn last line (no trailing newline) so appends start on a fresh line."""
-    if not path.is_file():
+    if not path.is_file() and not path.is_symlink():
         return
-    size = path.stat().st_size
-    if size == 0:
-        return
-    with open(path, "rb+") as f:
+    with os.fdopen(open_in_place(path, read=True), "rb+") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return
         f.seek(-1, os.SEEK_END)
         if f.read(1) == b"\n":
             return
@@ -128,7 +129,7 @@ class PredictionWriter:
         if f is None:
             path.parent.mkdir(parents=True, exist_ok=True)
             _repair(path)
-            f = open(path, "a", encoding="utf-8", newline="\n")
+            f = os.fdopen(open_in_place(path), "a", encoding="utf-8", newline="\n")
             self._files[path] = f
         f.write(json.dumps(record) + "\n")
         f.flush()

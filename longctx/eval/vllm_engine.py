@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from longctx.core.errors import one_line
+from longctx.core.files import open_in_place
 
 # Where a vLLM engine's output goes (all of it while it starts; its processes' and its log records while it
 # generates): the run directory when the backend knows it, else longctx's cache (`cache_dir()/logs`).
@@ -42,7 +43,7 @@ def vllm_logging_to(path: Path | None) -> Iterator[None]:
     if path is None:
         yield
         return
-    with open(path, "a", buffering=1, encoding="utf-8", errors="replace") as log:
+    with os.fdopen(open_in_place(path), "a", buffering=1, encoding="utf-8", errors="replace") as log:
         swapped = []
         for h in _console_handlers("vllm"):
             with contextlib.suppress(AttributeError):  # logging's _StderrHandler always writes to sys.stderr
@@ -60,8 +61,7 @@ def output_to(path: Path) -> Iterator[None]:
     the engine processes vLLM starts, which inherit them and keep writing there), `sys.stdout`/`sys.stderr`
     and the logging handlers that write to them (vLLM logs through Python logging)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o666)
-    log = os.fdopen(fd, "a", buffering=1, encoding="utf-8", errors="replace")
+    log = os.fdopen(open_in_place(path, truncate=True), "a", buffering=1, encoding="utf-8", errors="replace")
     streams = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
     handlers = _console_handlers()
     for st in streams:

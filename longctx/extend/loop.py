@@ -36,6 +36,7 @@ from longctx.core.files import (
     cache_dir,
     check_output,
     make_output,
+    open_in_place,
     output_kind,
     remove_output,
     temp_prefix,
@@ -239,7 +240,7 @@ def _train_steps(acc, trainer: Trainer, *, ds, s: ExtendSettings, plan: Plan, wo
     log_file = None
     if acc.is_main_process:
         try:
-            log_file = open(work / LOG_FILE, "a", encoding="utf-8")
+            log_file = os.fdopen(open_in_place(work / LOG_FILE), "a", encoding="utf-8")
         except OSError as e:
             raise InputError(f"cannot write the training log {work / LOG_FILE} ({e.strerror or e})") from None
     final_loss = float("nan")

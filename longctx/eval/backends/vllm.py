@@ -16,7 +16,7 @@ from typing import Any
 
 from longctx.checkpoint.load import model_config
 from longctx.core.errors import InputError, SettingError, ref
-from longctx.core.files import cache_dir
+from longctx.core.files import cache_dir, open_in_place
 from longctx.core.kinds import Bool, Count, Float, Int, Overrides
 from longctx.core.processes import children_bound
 from longctx.core.settings import setting
@@ -225,7 +225,7 @@ class VllmBackend(Backend):
         except InputError:
             raise
         except Exception as e:  # noqa: BLE001 - whatever stops the engine, the user gets one line and the log
-            with contextlib.suppress(OSError), open(log, "a", encoding="utf-8") as f:
+            with contextlib.suppress(OSError, InputError), os.fdopen(open_in_place(log), "a", encoding="utf-8") as f:
                 f.write("\n[longctx] the engine start raised:\n" + traceback.format_exc())
             raise _StartFailed(engine_error(log, e)) from None
 
