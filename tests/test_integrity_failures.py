@@ -189,6 +189,7 @@ def test_full_disk_is_one_line_and_leaves_nothing(verb, environment, full_disk):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("full_disk", [0], indirect=True, ids=["full"])
 def test_a_full_cache_disk_costs_time_or_names_the_cache(environment, full_disk, tmp_path, monkeypatch):
     """The cache's disk is full, the output's is not: a verb whose caches only save time (the tokenizer and
     essay-sentence caches of `ruler prepare`) runs as it would without them; one that must keep what it caches

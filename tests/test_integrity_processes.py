@@ -111,8 +111,7 @@ def test_killing_ruler_leaves_no_vllm_process(ruler_ckpt, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
-def test_killing_ruler_while_the_engine_starts_leaves_no_process(how, ruler_ckpt, tmp_path):
+def test_killing_ruler_while_the_engine_starts_leaves_no_process(ruler_ckpt, tmp_path):
     """vLLM's engine process is spawned, so it binds itself as it starts: killed while it imports vLLM (seconds
     before vLLM's plugin hook runs), it ends with its parent. (Killed before it has read what to run, it ends by
     itself: the pipe it reads from closes.)"""
@@ -123,7 +122,7 @@ def test_killing_ruler_while_the_engine_starts_leaves_no_process(how, ruler_ckpt
         wait_until(lambda: any("spawn_main" in cmd for cmd in marked(mark).values()), proc)
         seen = time.monotonic()
         wait_until(lambda: time.monotonic() > seen + 3, proc)  # vLLM's import takes ~10 s here
-        assert_all_gone(mark, proc, how)
+        assert_all_gone(mark, proc)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -283,8 +282,9 @@ def test_a_launched_trainings_refusal_is_its_one_line(tiny_checkpoint, tmp_path)
 
 @pytest.mark.slow
 def test_killing_a_recipe_leaves_no_launcher_or_rank(tiny_checkpoint, tmp_path):
-    """kill -9 of `longctx run` while its torchrun ranks train: torchrun dies with the recipe and the ranks with
-    torchrun, before they write the stage's checkpoint."""
+    """SIGTERM (Python's default: the process ends at once, as on kill -9) of `longctx run` once torchrun has
+    launched its ranks: torchrun dies with the recipe and the ranks with torchrun, and nothing of the stage's
+    checkpoint is written."""
     mark = uuid.uuid4().hex
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "longctx", "run", str(_launched_recipe(tmp_path, tiny_checkpoint,
@@ -292,11 +292,11 @@ def test_killing_a_recipe_leaves_no_launcher_or_rank(tiny_checkpoint, tmp_path):
                              "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env={**user_environment(), MARK: mark, "TQDM_DISABLE": "1"})
     try:
-        log = out / "baseline" / "extend" / "baseline-extend.train" / "train_log.jsonl"
-        wait_until(lambda: log.is_file() and log.read_text().count("\n") >= 1, proc)
-        ranks = [cmd for cmd in marked(mark).values() if "-m longctx extend" in cmd and "runpy" not in cmd]
-        assert len(ranks) == 2, marked(mark)
-        assert_all_gone(mark, proc)
+        def ranks() -> list[str]:
+            return [cmd for cmd in marked(mark).values() if "-m longctx extend" in cmd and "runpy" not in cmd]
+
+        wait_until(lambda: len(ranks()) == 2, proc)
+        assert_all_gone(mark, proc, signal.SIGTERM)
         assert not (out / "baseline" / "extend" / "baseline-extend").exists()
     finally:
         if proc.poll() is None:

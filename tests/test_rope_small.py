@@ -336,17 +336,23 @@ def _gated_config_without_gates(dst: Path) -> None:
                                                  ["GatedQwen3ForCausalLM"], "headwise_attn_output_gate": True}))
 
 
-@pytest.mark.parametrize("verb", ["sinks", "extend", "ruler run --backend hf", "ruler run --backend vllm"])
-@pytest.mark.parametrize("case,message", [
-    ("missing", "the weight files lack 1 tensor the model config.json describes needs "
-                "(model.layers.0.self_attn.q_proj.weight)"),
-    ("left over", "the weight files hold 2 tensors the model config.json describes has no place for "
-                  "(model.layers.0.self_attn.g_proj.weight, model.layers.1.self_attn.g_proj.weight)"),
-    ("gated config, plain weights", "the weight files lack 2 tensors the model config.json describes needs "
-                                    "(model.layers.0.self_attn.g_proj.weight, model.layers.1.self_attn.g_proj.weight)"),
-])
-def test_weights_and_config_that_disagree_are_one_line_before_any_work(verb, case, message, tmp_path,
-                                                                      tiny_checkpoint):
+DISAGREE = {
+    "missing": "the weight files lack 1 tensor the model config.json describes needs "
+               "(model.layers.0.self_attn.q_proj.weight)",
+    "left over": "the weight files hold 2 tensors the model config.json describes has no place for "
+                 "(model.layers.0.self_attn.g_proj.weight, model.layers.1.self_attn.g_proj.weight)",
+    "gated config, plain weights": "the weight files lack 2 tensors the model config.json describes needs "
+                                   "(model.layers.0.self_attn.g_proj.weight, model.layers.1.self_attn.g_proj.weight)",
+}
+
+
+# every verb that computes with each case (one check, `check_weight_shapes`, reached from the loader and from
+# every backend); the cases in turn on the others
+@pytest.mark.parametrize("verb,case", [(v, c) for v in ("sinks", "extend", "ruler run --backend hf",
+                                                        "ruler run --backend vllm") for c in DISAGREE
+                                       if v == "ruler run --backend hf" or c == "missing"]
+                         + [("sinks", "gated config, plain weights"), ("ruler run --backend vllm", "left over")])
+def test_weights_and_config_that_disagree_are_one_line_before_any_work(verb, case, tmp_path, tiny_checkpoint):
     """Before: a tensor the config needs was initialised at random (a gate, in `sinks` and `ruler`), and one it has
     no place for ignored. Now every verb that computes refuses first, with what differs."""
     ckpt = tmp_path / "ckpt"
@@ -358,7 +364,7 @@ def test_weights_and_config_that_disagree_are_one_line_before_any_work(verb, cas
         _weights_edited(tiny_checkpoint, ckpt, lambda tensors: None)
         _gated_config_without_gates(ckpt)
     before = sorted(str(p) for p in tmp_path.rglob("*"))
-    one_line_exit_2(run(*_verbs_on(ckpt, tmp_path / "out")[verb]), f"checkpoint '{ckpt}': {message}")
+    one_line_exit_2(run(*_verbs_on(ckpt, tmp_path / "out")[verb]), f"checkpoint '{ckpt}': {DISAGREE[case]}")
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before
 
 
