@@ -1,12 +1,14 @@
-"""Nothing longctx starts outlives it: the processes it starts (vLLM's engine and workers, the tokenize workers)
-die with the process that started them, and the next writer of an output removes what a killed one left.
+"""Nothing longctx starts outlives it: the processes it starts (vLLM's engine and workers, the tokenize workers, a
+recipe's launcher and its ranks) die with the process that started them, and the next writer of an output removes
+what a killed one left.
 
 Two mechanisms, for two ways a process ends:
 - Linux's parent-death signal (prctl(2) PR_SET_PDEATHSIG, https://man7.org/linux/man-pages/man2/prctl.2.html):
   the kernel sends SIGKILL to a process when the thread that created it ends, whatever ended it (kill -9
   included). It must be set in the child itself and is cleared on fork, so every process sets it for itself:
   a forked child in an `os.register_at_fork` hook (`children_bound`; vLLM forks its engine process unless it
-  must spawn: vllm-project/vllm v0.32.0 vllm/utils/system_utils.py `get_mp_context`), a spawned one when it
+  must spawn, as on CPU or with CUDA initialised: vllm-project/vllm v0.32.0 vllm/utils/system_utils.py
+  `get_mp_context`, vllm/platforms/cpu.py), a spawned one when it
   starts (`adopt`, which importing longctx runs first thing in a process started for longctx: multiprocessing's
   spawn imports the parent's main module, longctx's CLI, before anything else; and again from the tokenize
   workers' initializer and the `vllm.general_plugins` entry point longctx.models.plugin:register, which vLLM runs
