@@ -26,7 +26,7 @@ from typing import Any
 
 from longctx.checkpoint.weights import WEIGHT_SUFFIXES
 from longctx.core.errors import InputError
-from longctx.core.hashing import content_sha256
+from longctx.core.hashing import content_sha256, hash_stream
 from longctx.core.kinds import HUB_ID
 
 _TRUE = ("1", "ON", "YES", "TRUE")
@@ -104,8 +104,8 @@ def _blob_claim(path: Path, spec: str) -> str | None:
     if not path.is_symlink():
         return None
     target = Path(os.path.realpath(path))
-    repo = next((p for p in path.parents if p.parent.name == "snapshots"), None)
-    blobs = Path(os.path.realpath(repo.parent.parent / "blobs")) if repo is not None else None
+    snapshot = next((p for p in path.parents if p.parent.name == "snapshots"), None)
+    blobs = Path(os.path.realpath(snapshot.parent.parent / "blobs")) if snapshot is not None else None
     if blobs is None or target.parent != blobs or not _BLOB.fullmatch(target.name):
         raise InputError(f"'{spec}': {path.name} in the Hugging Face cache links to '{target}', not to a blob of its "
                          f"repo; delete the repo's folder from the cache and download it again")
@@ -117,9 +117,7 @@ def git_blob_sha1(path: Path) -> str:
     h = hashlib.sha1(usedforsecurity=False)
     h.update(f"blob {path.stat().st_size}\0".encode())
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hash_stream(h, f)
 
 
 def check_blob(path: Path, spec: str, sha256: str | None = None) -> None:

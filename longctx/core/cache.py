@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from longctx.core.files import cache_dir, open_own, read_own, write_atomic
+from longctx.core.hashing import hash_stream
 from longctx.core.parse import loads
 
 SEAL = b"longctx-seal/1 "
@@ -152,8 +153,5 @@ def check_sha256(path: Path, sha256: Any, limit: int) -> bool:
     fd = open_own(path, limit) if isinstance(sha256, str) else None
     if fd is None:
         return False
-    h = hashlib.sha256()
     with os.fdopen(fd, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            h.update(block)
-    return hmac.compare_digest(h.hexdigest(), sha256)
+        return hmac.compare_digest(hash_stream(hashlib.sha256(), f), sha256)

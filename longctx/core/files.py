@@ -15,14 +15,13 @@ import os
 import re
 import shutil
 import socket
-import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from longctx.core.errors import InputError, SettingError, ref
-from longctx.core.locks import OutputLock, check_link, hold_until_verb_ends
+from longctx.core.locks import OutputLock, check_link, foreign_file, hold_until_verb_ends
 from longctx.core.parse import LimitError, loads
 from longctx.core.processes import is_main_process
 
@@ -262,14 +261,14 @@ def publish_dir(tmp: Path, final: Path, complete: str) -> None:
 
 
 def open_own(path: Path, limit: int) -> int | None:
-    """A read descriptor of `path` when it is a regular file of this user's within `limit` bytes, opened without
-    following a link; None otherwise (what longctx reads back of its own: its marks, its cache)."""
+    """A read descriptor of `path` when it is a regular file of this user's with one name (`foreign_file`) within
+    `limit` bytes, opened without following a link; None otherwise (what longctx reads back of its own: its marks,
+    its cache)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size > limit:
+    if foreign_file(fd) is not None or os.fstat(fd).st_size > limit:
         os.close(fd)
         return None
     return fd
@@ -301,8 +300,7 @@ def open_in_place(path: str | os.PathLike, *, truncate: bool = False, read: bool
         if e.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
             raise
         fd = None
-    st = os.fstat(fd) if fd is not None else None
-    if st is None or not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+    if fd is None or foreign_file(fd) is not None:
         if fd is not None:
             os.close(fd)
         raise InputError(f"'{path}' is not a file longctx wrote (a link, a folder, another user's file or one with "

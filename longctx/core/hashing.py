@@ -10,12 +10,16 @@ from pathlib import Path
 from typing import Any
 
 
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            h.update(block)
+def hash_stream(h: Any, f: Any) -> str:
+    """The hex digest of hash object `h` once fed everything the binary file object `f` holds (16 MiB at a time)."""
+    for block in iter(lambda: f.read(1 << 24), b""):
+        h.update(block)
     return h.hexdigest()
+
+
+def sha256_file(path: str | Path) -> str:
+    with open(path, "rb") as f:
+        return hash_stream(hashlib.sha256(), f)
 
 
 # sha256 by (device, inode, size, modification and change time) of the files this process hashed. Any write to a

@@ -104,9 +104,9 @@ def _read_holder(fd: int) -> tuple[list[str], list[tuple[int, int]]] | None:
     return header, children
 
 
-def _not_ours(fd: int) -> str | None:
-    """Why the open lock file `fd` is not one longctx made (not a regular file, another user's, linked from
-    elsewhere), or None."""
+def foreign_file(fd: int) -> str | None:
+    """Why the open file `fd` cannot be one longctx wrote (not a regular file, another user's, a hard link with
+    other names), or None: what longctx reads back or changes in place of its own (locks, marks, caches, logs)."""
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         return "it is not a regular file"
@@ -133,7 +133,7 @@ def _writer_above(real: Path) -> tuple[Path, str] | None:
         except OSError:
             continue
         try:
-            holder = (_read_holder(fd) or ([], []))[0] if _not_ours(fd) is None else []
+            holder = (_read_holder(fd) or ([], []))[0] if foreign_file(fd) is None else []
         finally:
             os.close(fd)
         if (len(holder) == 3 and holder[1] == socket.gethostname() and int(holder[0]) != os.getpid()
@@ -223,7 +223,7 @@ class OutputLock:
                                      "choose another -o") from None
                 raise InputError(f"cannot write the lock '{self.path}' of {self.what} '{self.out}' "
                                  f"({e.strerror or e}); choose another -o") from None
-            why = _not_ours(fd)
+            why = foreign_file(fd)
             if why is not None:
                 os.close(fd)
                 raise InputError(f"'{self.path}' (the lock of {self.what} '{self.out}') is not a lock longctx made "

@@ -41,7 +41,7 @@ import torch
 from longctx.core import cache
 from longctx.core.errors import InputError
 from longctx.core.files import atomic_dir
-from longctx.core.hashing import hash_json, sha256_file
+from longctx.core.hashing import hash_json
 from longctx.core.special_tokens import leading_bos
 from longctx.data import synthetic
 from longctx.data.sources import check_data_specs
@@ -50,6 +50,7 @@ from longctx.extend.settings import PACKING_MODES
 from longctx.extend.tokens import (
     CACHE_VERSION,
     Pool,
+    arrays_intact,
     cache_refusal,
     remove_unverified,
     token_pool,
@@ -220,22 +221,22 @@ def build_packed_dataset(specs: Sequence[str], tokenizer: Any, seq_len: int, *, 
     ranks then open the finished cache."""
     short_specs = _checked_arguments(specs, seq_len=seq_len, num_tokens=num_tokens, short_specs=short_specs,
                                      short_fraction=short_fraction, packing=packing, workers=workers, log=log)
-    cache = Path(cache_dir)
+    cache_folder = Path(cache_dir)
     budget = -(-num_tokens // seq_len) * seq_len  # whole sequences
     bos_id = leading_bos(tokenizer) if packing == "stream" else None  # a stream sequence is one text
     short_budget = round(budget * short_fraction)
     long_budget = budget - short_budget
-    pools = [token_pool(specs, tokenizer, long_budget, seed=seed, cache_dir=cache, log=log, workers=workers,
+    pools = [token_pool(specs, tokenizer, long_budget, seed=seed, cache_dir=cache_folder, log=log, workers=workers,
                          length_tokens=_synthetic_document_tokens(seq_len, short=False))]
     if short_specs:
-        pools.append(token_pool(short_specs, tokenizer, short_budget, seed=seed, cache_dir=cache, log=log,
+        pools.append(token_pool(short_specs, tokenizer, short_budget, seed=seed, cache_dir=cache_folder, log=log,
                                  workers=workers, length_tokens=_synthetic_document_tokens(seq_len, short=True)))
     fingerprint = hash_json({"version": CACHE_VERSION, "pools": [p.source_key for p in pools],
                              "pool_tokens": [p.num_tokens for p in pools], "seq_len": seq_len,
                              "short_fraction": short_fraction, "seed": seed, "num_tokens": num_tokens,
                              **({} if packing == "whole" else {"packing": packing, "rule": _SPLIT_RULE}),
                              **({} if bos_id is None else {"bos": bos_id})})
-    plan_dir = cache / f"packed-{fingerprint[:20]}"
+    plan_dir = cache_folder / f"packed-{fingerprint[:20]}"
     stats = _verified_stats(plan_dir, fingerprint)
     if stats is not None:
         log(f"reusing packed sequences {plan_dir}")
@@ -246,11 +247,10 @@ def build_packed_dataset(specs: Sequence[str], tokenizer: Any, seq_len: int, *, 
                 stats = _write_plan(tmp, pools, seq_len=seq_len, seed=seed, num_tokens=num_tokens,
                                     short_fraction=short_fraction, packing=packing, log=log,
                                     body_len=seq_len - (bos_id is not None))
-                files = {f"{k}.npy": sha256_file(tmp / f"{k}.npy") for k in PLAN_ARRAYS}
                 write_sealed_meta(tmp, plan_dir, {"version": CACHE_VERSION, "fingerprint": fingerprint,
-                                                  "stats": stats, "files": files})
+                                                  "stats": stats}, [f"{k}.npy" for k in PLAN_ARRAYS])
         except OSError as e:
-            raise cache_refusal(e, cache) or e from None
+            raise cache_refusal(e, cache_folder) or e from None
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ds = PackedDataset(plan_dir, pools, seq_len=seq_len, pad_id=pad_id, seed=seed, fingerprint=fingerprint, stats=stats,
                        stream=packing == "stream", bos_id=bos_id)
@@ -307,15 +307,14 @@ def _verified_stats(plan_dir: Path, fingerprint: str) -> dict[str, Any] | None:
     plan is built again: a damaged cache costs time, never a refusal)."""
     meta = cache.read_json(plan_dir / "meta.json", 1 << 20)
     try:
-        stats, files = meta["stats"], meta["files"]
+        stats = meta["stats"]
         if (meta["version"] != CACHE_VERSION or meta["fingerprint"] != fingerprint
                 or not all(isinstance(stats[k], (int, float)) for k in ("documents", "tokens", "short_token_fraction",
                                                                           "padding_fraction", "epochs"))):
             return None
-        ok = all(cache.check_sha256(plan_dir / f"{k}.npy", files.get(f"{k}.npy"), 1 << 40) for k in PLAN_ARRAYS)
-    except (KeyError, TypeError, AttributeError):
+    except (KeyError, TypeError):
         return None
-    return stats if ok else None
+    return stats if arrays_intact(plan_dir, meta, [f"{k}.npy" for k in PLAN_ARRAYS], lambda name: 1 << 40) else None
 
 
 def _synthetic_document_tokens(seq_len: int, short: bool) -> int:

@@ -210,11 +210,23 @@ def cache_refusal(e: OSError, cache: Path) -> SettingError | None:
                         f"free space there, or give {ref('cache_dir')} on another disk")
 
 
-def write_sealed_meta(tmp: Path, final: Path, meta: dict[str, Any]) -> None:
-    """meta.json of a cache folder built in `tmp` and renamed to `final`, sealed for `final`; unsealed (so never
-    reused, which costs time) when this user's cache cannot seal."""
+def write_sealed_meta(tmp: Path, final: Path, meta: dict[str, Any], arrays: Sequence[str]) -> dict[str, Any]:
+    """meta.json of a cache folder built in `tmp` and renamed to `final`: `meta` with the sha256 of each of its
+    array files `arrays` ("files"), sealed for `final`; unsealed (so never reused, which costs time) when this
+    user's cache cannot seal. Returns what it wrote."""
+    meta = {**meta, "files": {name: sha256_file(tmp / name) for name in arrays}}
     if not cache.write_json(tmp / "meta.json", meta, at=final / "meta.json"):
         write_json(tmp / "meta.json", meta, indent=None)
+    return meta
+
+
+def arrays_intact(directory: Path, meta: dict[str, Any], arrays: Sequence[str],
+                  most_bytes: Callable[[str], int]) -> bool:
+    """Whether each array file of the cache folder `directory` holds what its sealed `meta` recorded
+    (`write_sealed_meta`), within `most_bytes(name)`."""
+    files = meta.get("files")
+    return isinstance(files, dict) and all(cache.check_sha256(directory / name, files.get(name), most_bytes(name))
+                                           for name in arrays)
 
 
 def remove_unverified(final: Path) -> None:
@@ -265,10 +277,9 @@ def _array_bytes(meta: dict[str, Any], name: str) -> int:
     return per[name] + (0 if name == "tokens.bin" else 4096)
 
 
-def verified_meta(directory: Path) -> dict[str, Any] | None:
+def _sealed_meta(directory: Path) -> dict[str, Any] | None:
     """The meta.json of the token cache `directory` when it is sealed by this user for this folder
-    (`longctx.core.cache`), of this version, and every array it names holds the content it recorded; else None
-    (the cache is built again)."""
+    (`longctx.core.cache`) and of this version and shape; else None."""
     meta = cache.read_json(directory / "meta.json", _META_BYTES)
     try:
         if (not isinstance(meta, dict) or meta.get("version") != CACHE_VERSION
@@ -276,17 +287,18 @@ def verified_meta(directory: Path) -> dict[str, Any] | None:
                 or not all(isinstance(meta[k], int) and meta[k] >= 0 for k in ("tokens", "documents"))
                 or not isinstance(meta["specs"], list) or not isinstance(meta["exhausted"], bool)):
             return None
-        files = meta["files"]
-        ok = all(cache.check_sha256(directory / name, files.get(name), _array_bytes(meta, name)) for name in _ARRAYS)
-    except (KeyError, TypeError, AttributeError):
+    except (KeyError, TypeError):
         return None
-    return meta if ok else None
+    return meta
 
 
 def _find_token_cache(cache_dir: Path, source_key: str, budget: int) -> tuple[Path, dict[str, Any]] | None:
+    """A token cache of these sources that covers `budget` and holds what its meta recorded (the arrays are
+    hashed only for a cache that would be used); None when there is none (it is built again)."""
     for d in sorted(cache_dir.glob(f"tokens-{source_key}-*")):
-        meta = verified_meta(d)
-        if meta is not None and (meta["exhausted"] or meta["tokens"] >= budget):
+        meta = _sealed_meta(d)
+        if (meta is not None and (meta["exhausted"] or meta["tokens"] >= budget)
+                and arrays_intact(d, meta, _ARRAYS, lambda name, meta=meta: _array_bytes(meta, name))):
             return d, meta
     return None
 
@@ -362,9 +374,7 @@ def _write_tokens(final: Path, specs: Sequence[str], *, tokenizer: Any, identity
         exhausted = total < budget
         np.save(tmp / "doc_source.npy", np.frombuffer(sources, dtype=np.uint16))
         np.save(tmp / "doc_offsets.npy", np.concatenate([[0], np.cumsum(np.frombuffer(lengths, dtype=np.int64))]))
-        meta = {"version": CACHE_VERSION, "specs": list(specs), "identity": identity, "budget": budget,
-                "tokens": total, "documents": len(lengths), "exhausted": exhausted, "dtype": dtype.name,
-                "eos_token_id": tokenizer.eos_token_id, "tokens_per_source": taken,
-                "files": {name: sha256_file(tmp / name) for name in _ARRAYS}}
-        write_sealed_meta(tmp, final, meta)
-    return meta
+        return write_sealed_meta(tmp, final, {
+            "version": CACHE_VERSION, "specs": list(specs), "identity": identity, "budget": budget, "tokens": total,
+            "documents": len(lengths), "exhausted": exhausted, "dtype": dtype.name,
+            "eos_token_id": tokenizer.eos_token_id, "tokens_per_source": taken}, _ARRAYS)

@@ -7,7 +7,6 @@ import dataclasses
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 
 from longctx.core.errors import InputError, ProcessFailed
 from longctx.core.processes import children_bound
@@ -48,7 +47,7 @@ _BOUND = ("import runpy, sys, longctx; module = sys.argv.pop(1); sys.argv[0] = m
 _REFUSAL = b"Error: "
 
 
-def run_launched(cmd: list[str], label: str, log: Callable[[str], None] = print) -> None:
+def run_launched(cmd: list[str], label: str) -> None:
     """Run the launch line `cmd` (from `launch_command`) bound to this process: kill -9 of the recipe ends the
     launcher and every rank. What it prints passes through as it comes; a rank's refusal ("Error: ..." and exit
     code 2) becomes this stage's one line (InputError) and the launcher's failure report after it is not shown;

@@ -25,7 +25,7 @@ from typing import Any
 
 from longctx.core.clock import utc_timestamp
 from longctx.core.errors import InputError, ref
-from longctx.core.files import check_apart, check_output, file_in_the_way, make_output, write_atomic
+from longctx.core.files import check_apart, check_output, file_in_the_way, make_output, read_own, write_atomic
 from longctx.core.locks import OutputLock, check_link
 from longctx.core.parse import loads
 from longctx.report.results import (
@@ -273,11 +273,10 @@ def export(s) -> list[Path]:
 
 def _an_export(path: Path) -> bool:
     """Whether the file `path` is an lm-eval results file `export` wrote (its "longctx" entry says so)."""
+    data = read_own(path, 1 << 26)
     try:
-        if not path.is_file() or path.is_symlink() or path.stat().st_size > 1 << 26:
-            return False
-        doc = loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
+        doc = loads(data.decode("utf-8")) if data is not None else None
+    except (ValueError, UnicodeDecodeError):
         return False
     mark = doc.get("longctx") if isinstance(doc, dict) else None
     return isinstance(mark, dict) and mark.get("note") == NOTE
