@@ -107,12 +107,12 @@ def test_yarn_x4_keeps_needle_retrieval_at_4k(quick):
 
 
 def test_greedy_answers_are_pinned_and_equal_on_vllm_and_hf(quick, essays, tmp_path):
-    """The same task files give the same greedy answers on both backends (two of the tasks: a 4k prefill takes the
-    hf backend ~15 s here), and the answers pinned when the test was written (a change of the conversion, the RoPE
+    """The same task files give the same greedy answers on both backends (on vt, whose answer is the longest: a 4k
+    prefill takes the hf backend ~15 s here), and the answers pinned when the test was written (a change of the conversion, the RoPE
     scaling, the prompt or the decoding shows here first)."""
     vllm_run = quick / "smollm2" / "ruler" / "smollm2-yarn"
     got = _predictions(vllm_run)
-    on_hf = ["niah_single_1", "vt"]
+    on_hf = ["vt"]
     hf = _hf(quick, essays, tmp_path / "hf", on_hf)
     for task in on_hf:  # the same prompts
         name = f"{task}.jsonl"
