@@ -56,6 +56,15 @@ def tiny_checkpoint(tmp_path_factory, reference_tokenizer_dir):
                             max_position_embeddings=TINY_TRAINED_LENGTH)
 
 
+@pytest.fixture(scope="session")
+def ruler_checkpoint(tmp_path_factory, reference_tokenizer_dir):
+    """A tiny random Qwen3 (fp32) with a 4096-token context: long enough for RULER's 2k tasks."""
+    from longctx.init.presets import write_tiny_qwen3
+
+    return write_tiny_qwen3(tmp_path_factory.mktemp("rck") / "tiny4k", reference_tokenizer_dir,
+                            max_position_embeddings=4096)
+
+
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory, monkeypatch):
     """Fingerprint caches go to a per-session temp dir, never the user's ~/.cache."""

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from conftest import require_vllm, user_environment
+from http_helpers import FlakyProxy
 
 from longctx.cli.main import cli
 from longctx.core.errors import InputError
@@ -38,15 +39,6 @@ def run(*args):
 
 def lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()]
-
-
-@pytest.fixture(scope="session")
-def ruler_checkpoint(tmp_path_factory, reference_tokenizer_dir):
-    """A tiny random Qwen3 (fp32) with a 4096-token context: long enough for RULER's 2k tasks."""
-    from longctx.init.presets import write_tiny_qwen3
-
-    return write_tiny_qwen3(tmp_path_factory.mktemp("rck") / "tiny4k", reference_tokenizer_dir,
-                            max_position_embeddings=4096)
 
 
 @pytest.fixture(scope="session")
@@ -438,6 +430,23 @@ def test_openai_backend_against_a_real_vllm_serve(gated_yarn_checkpoint, tmp_pat
         run_ruler(gated_yarn_checkpoint, [2048], hf, tasks="niah_single_1", samples=3, backend="hf", progress=False)
         assert sorted((x["index"], x["prompt_tokens"]) for x in lines(hf / "pred" / "2048" / "niah_single_1.jsonl")) \
             == sorted((x["index"], x["prompt_tokens"]) for x in recs)
+        # two endpoints: the server, and a proxy in front of it that fails every other completion with 503: the
+        # same predictions, byte for byte, each endpoint checked first, the load spread
+        proxy = FlakyProxy(f"http://127.0.0.1:{port}")
+        try:
+            two = tmp_path / "two"
+            r = run("ruler", gated_yarn_checkpoint, "--lengths", "2k", "--tasks", TASKS, "--samples", "3",
+                    "--backend", "openai", "--base-url", f"http://127.0.0.1:{port}/v1", "--base-url", proxy.url,
+                    "--concurrency", "2", "-o", two)
+        finally:
+            proxy.stop()
+        assert r.exit_code == 0, r.output
+        assert proxy.failed and proxy.forwarded
+        for task in TASKS.split(","):
+            assert (two / "pred" / "2048" / f"{task}.jsonl").read_bytes() == \
+                (out / "pred" / "2048" / f"{task}.jsonl").read_bytes()
+        answered = load_results(two)["backend"]["ran"]["answered"]
+        assert sum(answered.values()) == 6 and answered[proxy.url] == proxy.forwarded
     finally:
         proc.terminate()
         try:

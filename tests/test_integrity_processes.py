@@ -288,7 +288,7 @@ def test_a_launched_trainings_refusal_is_its_one_line(tmp_path, monkeypatch, cap
     assert str(refused.value) == "extend for baseline: checkpoint 'x': the weight files lack 1 tensor"
     err = capfd.readouterr().err
     assert err == "loading\rstep 1/3\rstep 2/3\n", err
-    with pytest.raises(ProcessFailed, match="extend for baseline: the launched training exited with code 1; its "
+    with pytest.raises(ProcessFailed, match="extend for baseline: the launched processes exited with code 1; their "
                                             "output is above"):
         run_launched([sys.executable, "-m", "fake_launcher", "crash"], "extend for baseline")
     assert "RuntimeError: a crash" in capfd.readouterr().err

@@ -339,3 +339,56 @@ def test_a_secret_or_an_absurd_count_in_a_reply_is_not_kept(serve, monkeypatch):
     got = sorted(collect(backend(serve, server, concurrency=1), requests(4)))
     assert [text for _, text, _ in got] == ["echo: Authorization: Bearer ***"] * 4
     assert [tokens for _, _, tokens in got] == [None, None, None, 7]
+
+
+def several(serve, servers, **kwargs) -> OpenAIBackend:
+    options = {"checkpoint": CKPT, "checkpoint_dir": CKPT_DIR, "max_model_len": 4097, "retry_wait": 0.01, **kwargs}
+    b = OpenAIBackend([s.url for s in servers], **options)
+    serve.backends.append(b)
+    return b
+
+
+def test_several_endpoints_share_the_requests_and_give_one_servers_answers(serve):
+    """Two servers, one of which fails every other completion with 503: every request is answered (a failed one
+    at once by the other server), the answers are those one server gives, and both served a share."""
+    good = serve()
+    flaky = serve(completion=lambda i: (503, {}, {"message": "overloaded"}) if i % 2 == 0 else None)
+    alone = collect(backend(serve, serve()), requests(40))
+    b = several(serve, [good, flaky], concurrency=2, retries=1)
+    got = collect(b, requests(40))
+    assert sorted(got) == sorted(alone)
+    answered = b.ran["answered"]
+    assert answered[good.url] + answered[flaky.url] == 40 and answered[flaky.url] >= 5, answered
+    assert sum(s["path"] == "/v1/models" for s in good.seen + flaky.seen) == 2  # each checked once, first
+    assert b.binding()["base_url"] == [good.url, flaky.url]
+    assert b.settings()["base_url"] == [good.url, flaky.url]
+
+
+def test_a_slow_endpoint_gets_fewer_requests(serve):
+    def slow(i):
+        time.sleep(0.2)
+        return None
+
+    fast, lagging = serve(), serve(completion=slow)
+    b = several(serve, [fast, lagging], concurrency=2)
+    collect(b, requests(40))
+    assert len(lagging.completions()) < len(fast.completions()) / 3, (len(lagging.completions()),
+                                                                      len(fast.completions()))
+
+
+def test_endpoints_that_serve_other_models_or_fail_are_refused_before_any_completion(serve):
+    first = serve()
+    other = serve(cards=[{"id": "tiny", "root": "/data/checkpoints/another", "max_model_len": 8192}])
+    with pytest.raises(InputError, match=rf"endpoint {other.url} serves 'tiny' \(root '/data/checkpoints/another'\)"):
+        several(serve, [first, other], trust_served_model=True).check()
+    short = serve(cards=[{"id": "tiny", "root": CKPT_DIR, "max_model_len": 2048}])
+    with pytest.raises(InputError, match=rf"endpoint {short.url} serves 'tiny' with max_model_len 2048"):
+        several(serve, [first, short]).check()
+    assert not first.completions() and not other.completions() and not short.completions()
+    with pytest.raises(InputError, match="is given twice"):
+        several(serve, [first, first])
+    down = serve(completion=lambda i: (503, {}, {"message": "down"}))
+    with pytest.raises(InputError) as e:
+        collect(several(serve, [down, serve(completion=lambda i: (503, {}, {"message": "down too"}))], retries=2,
+                        concurrency=1), requests(1))
+    assert str(e.value).startswith(f"endpoints {down.url}, ") and "failed 3 times" in str(e.value)

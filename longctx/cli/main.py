@@ -17,7 +17,7 @@ from longctx import __version__
 from longctx.cli.options import settings_command
 from longctx.convert.settings import ConvertSettings
 from longctx.core.errors import InputError, ProcessFailed, printable
-from longctx.eval.settings import PrepareSettings, RulerRunSettings
+from longctx.eval.settings import MergeSettings, PrepareSettings, RulerRunSettings
 from longctx.extend.settings import ExtendSettings
 from longctx.info.describe import InfoSettings
 from longctx.init.settings import InitSettings
@@ -229,6 +229,9 @@ def ruler():
       longctx ruler CKPT --lengths 4k,8k,16k,32k,64k,128k --data-dir DATA -o RUN_DIR
     Only write the task files:
       longctx ruler prepare --tokenizer CKPT --lengths 4k,8k --data-dir DATA -o TASKS_DIR
+    Split a run across jobs, then put it together:
+      longctx ruler CKPT ... -o RUN_DIR --shard 1/4   (and 2/4, 3/4, 4/4)
+      longctx ruler merge RUN_DIR
     """
 
 
@@ -254,12 +257,30 @@ def _ruler_run(s: RulerRunSettings) -> None:
     from longctx.report.run import write_report
 
     r = run_ruler(s, log=click.echo)
+    t = r.timings
+    if s.shard is not None:
+        click.echo(f"{t['new_predictions']} new predictions ({t['reused_predictions']} reused) in "
+                   f"{t['generate_s']:.1f} s: shard {s.shard} is done; when every shard is, score the run with "
+                   f"`longctx ruler merge {s.output}`")
+        return
     rep = write_report(s.output, plot=s.plot, intervals=s.intervals)
     _echo_report(rep)
-    t = r.timings
     click.echo(f"{t['new_predictions']} new predictions ({t['reused_predictions']} reused) in {t['generate_s']:.1f} s; "
                f"total {t['total_s']:.1f} s")
     click.echo(f"results in {s.output}: {', '.join(p.name for p in rep.files)}")
+
+
+def _merge(s: MergeSettings) -> None:
+    """Put the shards of a RULER run together (`longctx ruler run ... --shard I/N -o RUN_DIR`): predictions and
+    scores as the same run done in one go, then its tables and plot."""
+
+    from longctx.eval.shards import merge_run
+    from longctx.report.run import write_report
+
+    merge_run(s, log=click.echo)
+    rep = write_report(s.run_dir, plot=s.plot, intervals=s.intervals)
+    _echo_report(rep)
+    click.echo(f"results in {s.run_dir}: {', '.join(p.name for p in rep.files)}")
 
 
 for group, name, settings, run in [
@@ -268,7 +289,7 @@ for group, name, settings, run in [
         (cli, "sinks", SinksSettings, _sinks), (cli, "extend", ExtendSettings, _extend),
         (cli, "compare", CompareSettings, _compare), (cli, "export", ExportSettings, _export),
         (ruler, "prepare", PrepareSettings, _prepare),
-        (ruler, "run", RulerRunSettings, _ruler_run)]:
+        (ruler, "run", RulerRunSettings, _ruler_run), (ruler, "merge", MergeSettings, _merge)]:
     settings_command(group, name, settings, run)
 
 

@@ -96,6 +96,29 @@ class Url(Text):
         return str(self.recorded(value))
 
 
+class Urls(Url):
+    """One URL or several (a list; one per occurrence on the command line), each recorded and shown redacted."""
+
+    repeatable = True
+    words = "a URL or a list of URLs"
+
+    def parse(self, value):
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)) or not items:
+            raise self.wrong(value)
+        return [Text.parse(self, v) for v in items]
+
+    def to_cli(self, value):
+        return list(value)
+
+    def recorded(self, value):
+        return [redact_url(v) for v in value] if isinstance(value, list) else super().recorded(value)
+
+    def show(self, value):
+        shown = self.recorded(value)
+        return ",".join(shown) if isinstance(shown, list) else str(shown)
+
+
 class Choice(Kind):
     """One of `choices`; `noun` names it on the command line ("unknown backend 'tgi'; choose one of ...")."""
 
@@ -312,6 +335,22 @@ class Seeds(Kind):
         if len(set(seeds)) != len(seeds):
             raise KindError(f"names a seed twice: {value!r}")
         return seeds
+
+
+class Shard(Kind):
+    """One part of a run split N ways: 'I/N' with 1 <= I <= N (kept as that text, e.g. '2/8')."""
+
+    metavar = "I/N"
+    words = "a shard I/N (e.g. 2/8: the second of eight)"
+
+    def parse(self, value):
+        parts = value.split("/") if isinstance(value, str) else None
+        if parts is None or len(parts) != 2 or not all(p.strip().isascii() and p.strip().isdigit() for p in parts):
+            raise self.wrong(value)
+        index, count = (int(p) for p in parts)
+        if not 1 <= index <= count:
+            raise KindError(f"is invalid: {value!r} is not a shard I/N with 1 <= I <= N")
+        return f"{index}/{count}"
 
 
 class LocalPath(Text):

@@ -3,7 +3,8 @@ is refused, never mixed in.
 
     run.json  {"format", "binding": {fingerprint, tokenizer, seed, samples, template, system_prompt,
                                       chat_template_kwargs, think_tokens, backend, sampling,
-                                      engine (the backend options that can change a prediction)},
+                                      engine (the backend options that can change a prediction),
+                                      shard ("I/N" of a shard, `longctx.eval.shards`; null for a whole run)},
                "files": {"<length>/<task>.jsonl": sha256 of the task file predictions were made from},
                "model", "backend"}
 
@@ -38,7 +39,7 @@ SAMPLING = {"temperature": 0.0, "top_p": 1.0, "max_tokens": "tokens_to_generate 
 # The binding's keys, in the order a refusal lists what changed: the settings of `ruler run` of the same name
 # (named with `ref`: the refusal is a `SettingError`), and the values that are not a setting, in words.
 _BOUND = ("fingerprint", "tokenizer", "seed", "samples", "template", "system_prompt", "chat_template_kwargs",
-          "think_tokens", "backend", "sampling", "engine")
+          "think_tokens", "backend", "sampling", "engine", "shard")
 _WORDS = {"fingerprint": "checkpoint", "tokenizer": "tokenizer", "sampling": "sampling settings",
           "engine": "engine options"}
 # The backend options that can change a prediction (each backend's `binding()`) are named as the option of the
@@ -58,7 +59,7 @@ def _engine_label(key: str) -> str:
     return ref(key) if key in option_users() else key
 
 
-def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """'--seed 42 -> 1', '--dtype "bfloat16" -> "float32"', ... (settings named with `ref`): every binding value
     a rerun would change (the engine options one by one; a run.json from before they were bound says so)."""
     diffs = []
@@ -69,8 +70,8 @@ def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         elif key == "engine":
             was = old[key] if isinstance(old[key], dict) else {}
             diffs += _option_differences(was, new[key])
-        elif old.get(key) != new[key]:
-            diffs.append(f"{label} {_shown(old.get(key))} -> {_shown(new[key])}")
+        elif old.get(key) != new.get(key):
+            diffs.append(f"{label} {_shown(old.get(key))} -> {_shown(new.get(key))}")
     return diffs
 
 
@@ -114,7 +115,7 @@ def check_run_dir(out: Path, binding: dict[str, Any]) -> dict[str, Any]:
             raise InputError(f"run directory '{out}' was made for another checkpoint (fingerprint "
                              f"{str(old.get('fingerprint'))[:12]}…, this one {binding['fingerprint'][:12]}…); "
                              "use another -o")
-        diffs = _differences(old, binding)
+        diffs = differences(old, binding)
         if diffs:
             raise SettingError(f"run directory '{out}' was made with other settings: {'; '.join(diffs)}; use the "
                                "same settings to continue it, or another -o")
@@ -136,7 +137,7 @@ def record_task_files(out: Path, run: dict[str, Any], files: dict[str, dict]) ->
         run["files"][rel] = entry["sha256"]
 
 
-def _link_tree(src: Path, dst: Path) -> None:
+def link_tree(src: Path, dst: Path) -> None:
     """`dst` as a copy of the folder `src`, its files hard links where the file system allows (task files are
     only ever replaced, never written in place, so the links never change the originals)."""
     dst.mkdir(parents=True, exist_ok=True)
@@ -174,7 +175,7 @@ class StagedRun:
                              "choose another -o") from None
         self.tasks = self.root / TASKS_DIR
         if not self.fresh and (out / TASKS_DIR).is_dir():
-            _link_tree(out / TASKS_DIR, self.tasks)
+            link_tree(out / TASKS_DIR, self.tasks)
 
     def commit(self, run: dict[str, Any]) -> None:
         """Move the task files in, then write run.json (so a run.json always names files that are there)."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from longctx.core.errors import InputError
-from longctx.core.files import open_in_place
+from longctx.core.files import open_in_place, write_atomic
 from longctx.core.parse import loads
 
 
@@ -92,6 +92,17 @@ def read_predictions(path: Path, prompts: list[str] | None = None) -> dict[int, 
     return out
 
 
+def predictions_text(records: list[dict]) -> str:
+    """A prediction file's canonical content: one line per record, as `PredictionWriter` writes it."""
+    return "".join(json.dumps(rec) + "\n" for rec in records)
+
+
+def write_predictions(path: Path, records: list[dict]) -> None:
+    """`path` replaced, atomically, by the canonical file of `records` (in the order given)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, predictions_text(records))
+
+
 def _repair(path: Path) -> None:
     """Cut a torn last line (no trailing newline) so appends start on a fresh line."""
     if not path.is_file() and not path.is_symlink():
@@ -131,7 +142,7 @@ class PredictionWriter:
             _repair(path)
             f = os.fdopen(open_in_place(path), "a", encoding="utf-8", newline="\n")
             self._files[path] = f
-        f.write(json.dumps(record) + "\n")
+        f.write(predictions_text([record]))
         f.flush()
 
     def close(self) -> None:

@@ -17,6 +17,7 @@ hash is predicted again (`longctx.eval.predictions`); the run directory is trust
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import signal
 import threading
@@ -26,29 +27,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from longctx.checkpoint.directory import checkpoint_dir, fingerprint, read_config, versions
+from longctx.checkpoint.directory import checkpoint_dir, fingerprint, read_config
 from longctx.core.errors import InputError, SettingError, ref
 from longctx.core.files import check_apart, json_object, write_json
-from longctx.core.hashing import hash_json, tokenizer_fingerprint
+from longctx.core.hashing import tokenizer_fingerprint
 from longctx.core.parse import loads
 from longctx.core.special_tokens import special_tokens_added
 from longctx.eval.backends import BackendContext, make_backend
 from longctx.eval.binding import SAMPLING, TASKS_DIR, StagedRun, check_run_dir, record_task_files, staged_run
 from longctx.eval.predictions import PredictionWriter, TaskLine, prompt_hash, read_predictions, read_task_lines
 from longctx.eval.request import Request
-from longctx.eval.scoring import score_predictions
+from longctx.eval.scores import SCORES_FILE, score_rows, scores_document
 from longctx.eval.settings import RulerRunSettings
+from longctx.eval.shards import SHARD_FILE, SHARD_FORMAT, samples_of, shard_dir
 from longctx.eval.tasks import load_task_tokenizer
 from longctx.eval.thinking import THINK_END, answer_after_thinking
 from longctx.info.describe import model_info, sliding_note
 from longctx.rope.config import read_rope
 from longctx.rope.settings import check_context
-from ruler_tasks.constants import UPSTREAM_COMMIT
 from ruler_tasks.prepare import prepare
 from ruler_tasks.registry import resolve_tasks
 from ruler_tasks.templates import model_template
-
-SCORES_FORMAT = "longctx-ruler-scores/1"
 
 
 @dataclass
@@ -102,8 +101,8 @@ def whole_characters(text: str) -> str:
 
 
 def _predict(bk, out: Path, *, lengths, specs, done, pending: int, progress: bool,
-             on_prediction: Callable[[dict], None] | None,
-             think_tokens: int | None) -> tuple[int, dict[int, dict[str, Any]]]:
+             on_prediction: Callable[[dict], None] | None, think_tokens: int | None,
+             label: str = "predict") -> tuple[int, dict[int, dict[str, Any]]]:
     """Generate every missing prediction, written as it arrives; returns how many were made and, per length
     that made some, its wall time (from its first request handed to the backend to its last answer), prompt
     tokens and prompt tokens/s. Lengths are fed in order, but an engine batches across them: where their spans
@@ -123,7 +122,7 @@ def _predict(bk, out: Path, *, lengths, specs, done, pending: int, progress: boo
     if progress and pending:
         from tqdm import tqdm
 
-        bar = tqdm(total=pending, desc="predict", unit="sample")
+        bar = tqdm(total=pending, desc=label, unit="sample")
     count = 0
 
     def on_result(r: Request, text: str, prompt_tokens: int | None) -> None:
@@ -191,11 +190,11 @@ def _predicted(out: Path, task_lines: dict[tuple[int, str], list[TaskLine]],
     return done
 
 
-def _all_predicted(out: Path, run: dict[str, Any], lengths: list[int], specs) -> bool:
+def _all_predicted(out: Path, run: dict[str, Any], lengths: list[int], specs, shard: str | None) -> bool:
     """Whether the run directory already holds, for every asked (length, task), the task file run.json records
-    and as many predictions as it has lines: counted, not parsed (a 128k task file is hundreds of MB, and it is
-    read and checked once more after). A prediction of another prompt found then is predicted again, and the
-    engine starts when it is first asked."""
+    and as many predictions as it has lines (of `shard`'s lines, for a shard): counted, not parsed (a 128k task
+    file is hundreds of MB, and it is read and checked once more after). A prediction of another prompt found
+    then is predicted again, and the engine starts when it is first asked."""
     for length in lengths:
         for spec in specs:
             rel = f"{length}/{spec.name}.jsonl"
@@ -204,7 +203,8 @@ def _all_predicted(out: Path, run: dict[str, Any], lengths: list[int], specs) ->
                 return False
             with open(task, "rb") as f:
                 lines = sum(block.count(b"\n") for block in iter(lambda f=f: f.read(1 << 24), b""))
-            if len(read_predictions(out / "pred" / rel)) < lines:
+            wanted = lines if shard is None else len(samples_of(shard, length, spec.name, lines))
+            if len(read_predictions(out / "pred" / rel)) < wanted:
                 return False
     return True
 
@@ -231,24 +231,6 @@ def _held(out: Path, run: dict[str, Any], task_lines: dict[tuple[int, str], list
         say(f"note: not scored, predicted in part by an earlier call: {', '.join(partial)}; rerun with their "
             f"{ref('lengths')} and {ref('tasks')} to finish them")
     return dict(sorted(held.items()))
-
-
-def _score(out: Path, specs, task_lines: dict[tuple[int, str], list[TaskLine]]) -> list[dict[str, Any]]:
-    """Per (task, length): the predictions made from its task lines' prompts, scored against the task lines'
-    references (never a prediction line's `outputs`)."""
-    rows = []
-    metric = {s.name: s.metric for s in specs}
-    for (L, task), lines in task_lines.items():
-        preds = read_predictions(out / "pred" / str(L) / f"{task}.jsonl", [t.prompt_sha256 for t in lines])
-        if len(preds) != len(lines):
-            raise RuntimeError(f"{L}/{task}: {len(preds)} predictions for {len(lines)} samples")
-        ordered = [preds[i] for i in range(len(lines))]
-        sc = score_predictions([p["pred"] for p in ordered], [t.outputs for t in lines], metric[task])
-        rows.append({"task": task, "length": L, "metric": metric[task], "score": sc.score, "nulls": sc.nulls,
-                     "samples": sc.samples})
-        if any("thinking_closed" in p for p in ordered):
-            rows[-1]["unfinished_thinking"] = sum(not p.get("thinking_closed", True) for p in ordered)
-    return rows
 
 
 def _check_thinking(thinks: bool, s: RulerRunSettings) -> None:
@@ -305,6 +287,8 @@ def run_ruler(s: RulerRunSettings, *, engine=None, progress: bool = True, log: C
     """
     t_start = time.perf_counter()
     say = log or (lambda _msg: None)
+    if s.shard is not None:  # a shard is a run directory of its own inside the run's
+        s = dataclasses.replace(s, output=str(shard_dir(Path(s.output), s.shard)))
     with _named_as(s):
         r = _open_run(s, engine, progress, say, overlap)
         try:  # the run directory is this process's until the scores are written (`stage.lock`)
@@ -356,10 +340,10 @@ def _stage_run(s: RulerRunSettings, ckpt: Path, *, fp: str, tok, specs, bk, room
     binding = {"fingerprint": fp, "tokenizer": tokenizer_fingerprint(tok), "seed": s.seed,
                "samples": s.samples, "template": s.template, "system_prompt": s.system_prompt,
                "chat_template_kwargs": s.chat_template_kwargs, "think_tokens": s.think_tokens,
-               "backend": s.backend, "sampling": SAMPLING, "engine": bk.binding()}
+               "backend": s.backend, "sampling": SAMPLING, "engine": bk.binding(), "shard": s.shard}
     run = check_run_dir(out, binding)
     # a rerun whose every prediction is made starts no engine: nothing would be asked of it
-    overlap = overlap and not _all_predicted(out, run, lengths, specs)
+    overlap = overlap and not _all_predicted(out, run, lengths, specs, s.shard)
     with staged_run(out) as stage:
         made = _tasks_and_start(s, tok, specs, stage, bk, progress=progress, overlap=overlap)
         manifest = made.manifest
@@ -474,8 +458,15 @@ def _predict_and_score(s: RulerRunSettings, r: _OpenRun, progress: bool,
         say(f"note: {note}")
     task_lines = _task_lines(out, lengths, specs, r.files, r.run)
     done = _predicted(out, task_lines, say)
+    if s.shard is None:
+        skip, total = done, sum(len(lines) for lines in task_lines.values())
+    else:  # the samples of the other shards are theirs to predict
+        mine = {key: samples_of(s.shard, key[0], key[1], len(lines)) for key, lines in task_lines.items()}
+        skip = {key: done[key] | (set(range(len(task_lines[key]))) - mine[key]) for key in mine}
+        done = {key: done[key] & mine[key] for key in mine}
+        total = sum(len(v) for v in mine.values())
+        say(f"shard {s.shard}: {total} of the run's {sum(len(v) for v in task_lines.values())} samples, in {out}")
     reused = sum(len(v) for v in done.values())
-    total = sum(entry["samples"] for entry in r.files.values())
     if bk.credential is not None:
         say(f"credential: {bk.credential}")
     say(f"max_model_len {r.max_model_len}; {total} samples, {reused} already predicted, {total - reused} to go "
@@ -483,49 +474,45 @@ def _predict_and_score(s: RulerRunSettings, r: _OpenRun, progress: bool,
     if r.t_start is not None:
         say(f"task files ready in {r.t_prep:.1f} s, {s.backend} started in {r.t_start:.1f} s, the two at once")
     t0 = time.perf_counter()
-    count, per_length = _predict(bk, out, lengths=lengths, specs=specs, done=done, pending=total - reused,
-                                 progress=progress, on_prediction=on_prediction, think_tokens=s.think_tokens or None)
+    count, per_length = _predict(bk, out, lengths=lengths, specs=specs, done=skip, pending=total - reused,
+                                 progress=progress, on_prediction=on_prediction, think_tokens=s.think_tokens or None,
+                                 label="predict" if s.shard is None else f"predict {s.shard}")
     t_gen = time.perf_counter() - t0
     # what ran: this call's engine, or (everything reused) the one that made the predictions before
-    before = json_object(out / "scores.json").get("backend")
-    ran = bk.ran or (before.get("ran") if isinstance(before, dict) else None)
+    if s.shard is None:
+        before = json_object(out / SCORES_FILE).get("backend")
+        before = before.get("ran") if isinstance(before, dict) else None
+    else:
+        before = json_object(out / SHARD_FILE).get("ran")
+    ran = bk.ran or before
+    timings = {"prepare_s": round(r.t_prep, 3),
+               **({"backend_start_s": round(r.t_start, 3)} if r.t_start is not None else {}),
+               "generate_s": round(t_gen, 3),
+               "prompt_tokens_per_s": (round(sum(v["prompt_tokens"] for v in per_length.values()) / t_gen, 1)
+                                       if count and t_gen else None),
+               "new_predictions": count, "reused_predictions": reused,
+               "per_length": {str(L): v for L, v in per_length.items()}}
+    if s.shard is not None:  # every sample of the shard predicted: `longctx ruler merge` scores the run
+        write_json(out / SHARD_FILE, {"format": SHARD_FORMAT, "shard": s.shard, "template": r.template,
+                                      "tasks": [t.name for t in specs], "ran": ran,
+                                      "timings": {**timings, "total_s": round(time.perf_counter() - t_start, 3)}})
+        return RunOutcome(out, lengths, [t.name for t in specs], r.max_model_len, count, reused,
+                          {**timings, "total_s": round(time.perf_counter() - t_start, 3)})
 
     t0 = time.perf_counter()
     held = _held(out, r.run, task_lines, say)
     names = {task for _, task in held}
     # this call's tasks in its order, then those earlier calls left, in RULER's
     scored = [*specs, *[t for t in resolve_tasks(None) if t.name in names and t not in specs]]
-    rows = _score(out, scored, held)
-    t_score = time.perf_counter() - t0
+    rows = score_rows(out, scored, held)
     unfinished = sum(row.get("unfinished_thinking", 0) for row in rows)
     if unfinished:
         flag = type(s).flag("think_tokens")
         say(f"note: {unfinished} of {total} outputs did not close their thought ({THINK_END}) within "
             f"{flag} {s.think_tokens} and score as wrong; a larger {flag} gives them room")
-    timings = {"prepare_s": round(r.t_prep, 3),
-               **({"backend_start_s": round(r.t_start, 3)} if r.t_start is not None else {}),
-               "generate_s": round(t_gen, 3), "score_s": round(t_score, 3),
-               "prompt_tokens_per_s": (round(sum(v["prompt_tokens"] for v in per_length.values()) / t_gen, 1)
-                                       if count and t_gen else None),
-               "total_s": round(time.perf_counter() - t_start, 3), "new_predictions": count,
-               "reused_predictions": reused, "per_length": {str(L): v for L, v in per_length.items()}}
-    write_json(out / "scores.json", _scores(s, r, rows, ran, timings, held, scored))
+    timings = {**timings, "score_s": round(time.perf_counter() - t0, 3),
+               "total_s": round(time.perf_counter() - t_start, 3)}
+    write_json(out / SCORES_FILE, scores_document(binding=r.binding, run=r.run, template=r.template, rows=rows,
+                                                  ran=ran, timings=timings, held=list(held), specs=scored))
     return RunOutcome(out, lengths, [t.name for t in specs], r.max_model_len, count, reused, timings,
-                      out / "scores.json")
-
-
-def _scores(s: RulerRunSettings, r: _OpenRun, rows: list[dict[str, Any]], ran: Any, timings: dict[str, Any],
-            held: dict[tuple[int, str], list[TaskLine]], specs) -> dict[str, Any]:
-    """The content of scores.json: every (length, task) the run directory holds whole (`held`)."""
-    rels = [f"{length}/{task}.jsonl" for length, task in held]
-    task_set = hash_json({**{k: r.binding[k] for k in ("tokenizer", "seed", "samples", "template")},
-                          "files": {rel: r.run["files"][rel] for rel in rels}})
-    sampling = SAMPLING if not s.think_tokens else {
-        **SAMPLING, "think_tokens": s.think_tokens, "max_tokens": "tokens_to_generate of each task + think_tokens",
-        "answer": f"the text after the last {THINK_END} (an unfinished thought answers nothing)"}
-    return {"format": SCORES_FORMAT, "model": r.run["model"], "backend": {**r.run["backend"], "ran": ran},
-            "sampling": sampling, "template": r.template,
-            "upstream": f"NVIDIA/RULER@{UPSTREAM_COMMIT}", "task_set": task_set,
-            "lengths": sorted({length for length, _ in held}), "tasks": [t.name for t in specs], "scores": rows,
-            "seeds": {"tasks": s.seed, "engine": 0}, "versions": versions(),
-            "task_versions": {t.name: t.version for t in specs}, "timings": timings}
+                      out / SCORES_FILE)

@@ -7,7 +7,20 @@ from dataclasses import dataclass
 
 from longctx.checkpoint.load import trust_remote_code_setting
 from longctx.core.errors import SettingError, ref
-from longctx.core.kinds import Bool, Choice, Int, JsonObject, Lengths, LocalPath, Names, Seed, Source, Text
+from longctx.core.kinds import (
+    Bool,
+    Choice,
+    Int,
+    JsonObject,
+    Lengths,
+    LocalPath,
+    LocalPaths,
+    Names,
+    Seed,
+    Shard,
+    Source,
+    Text,
+)
 from longctx.core.settings import REQUIRED, Settings, setting
 from longctx.eval.backends import (
     BUILTIN_BACKENDS,
@@ -22,6 +35,15 @@ from longctx.eval.backends import (
 from ruler_tasks.errors import RulerInputError
 from ruler_tasks.registry import TASK_NAMES, resolve_tasks
 from ruler_tasks.templates import TEMPLATE_NAMES
+
+
+def _plot():
+    return setting(True, Bool(), "Write results.png (needs longctx[plot]).", flag="--plot/--no-plot")
+
+
+def _intervals():
+    return setting(False, Bool(), "Tables show each score as score ± the half-width of its 95% interval.",
+                   flag="--intervals/--no-intervals")
 
 
 @dataclass(frozen=True)
@@ -93,9 +115,11 @@ class _RulerRun(RulerTaskSettings):
                                        "chat: thinking budget, added to each task's generation budget; the answer "
                                        "scored is the text after the last </think> (needed when the chat "
                                        "template makes the model think; 0: this model does not think).")
-    plot: bool = setting(True, Bool(), "Write results.png (needs longctx[plot]).", flag="--plot/--no-plot")
-    intervals: bool = setting(False, Bool(), "Tables show each score as score ± the half-width of its 95% interval.",
-                              flag="--intervals/--no-intervals")
+    plot: bool = _plot()
+    intervals: bool = _intervals()
+    shard: str | None = setting(None, Shard(), "Predict only shard I of N of the run's samples (every task and "
+                                               "length), in RUN_DIR/shards/I-of-N; when all N are done, `longctx "
+                                               "ruler merge RUN_DIR` scores the run.", recipe=False)
 
     def check(self) -> None:
         super().check()
@@ -128,3 +152,17 @@ RulerRunSettings = dataclasses.make_dataclass(
     "RulerRunSettings", option_fields(), bases=(_RulerRun,), frozen=True,
     namespace={"__module__": __name__, "__doc__": "The settings of `ruler run`: its own and every backend's options "
                                                   f"(recipe group `{OPTIONS_GROUP}`)."})
+
+
+@dataclass(frozen=True)
+class MergeSettings(Settings):
+    """The settings of `longctx ruler merge`."""
+
+    run_dir: str = setting(REQUIRED, LocalPath(directory=True), "The run directory the shards were given as -o: "
+                                                                "its shards are put together in it.",
+                          cli="argument", recipe=False)
+    shard_dirs: list[str] | None = setting(None, LocalPaths(), "A shard's folder (repeatable) [default: every "
+                                                                "folder of RUN_DIR/shards].", flag="--shard-dir",
+                                           recipe=False)
+    plot: bool = _plot()
+    intervals: bool = _intervals()

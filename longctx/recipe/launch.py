@@ -47,15 +47,15 @@ _BOUND = ("import runpy, sys, longctx; module = sys.argv.pop(1); sys.argv[0] = m
 _REFUSAL = b"Error: "
 
 
-def run_launched(cmd: list[str], label: str) -> None:
+def run_launched(cmd: list[str], label: str, env: dict[str, str] | None = None) -> None:
     """Run the launch line `cmd` (from `launch_command`) bound to this process: kill -9 of the recipe ends the
     launcher and every rank. What it prints passes through as it comes; a rank's refusal ("Error: ..." and exit
     code 2) becomes this stage's one line (InputError) and the launcher's failure report after it is not shown;
-    any other failure is ProcessFailed, its output above."""
+    any other failure is ProcessFailed, its output above. `env`: variables set for it beyond this process's."""
     assert cmd[1] == "-m", cmd
     with children_bound():
         # one thread per rank unless said otherwise: what torchrun sets, without the banner it prints about it
-        env = {"OMP_NUM_THREADS": "1", **os.environ}
+        env = {"OMP_NUM_THREADS": "1", **os.environ, **(env or {})}
         proc = subprocess.Popen([cmd[0], "-c", _BOUND, *cmd[2:]], stderr=subprocess.PIPE, env=env)
     try:
         refusal = _relay(proc.stderr.fileno())
@@ -73,7 +73,7 @@ def run_launched(cmd: list[str], label: str) -> None:
         return
     if refusal is not None:
         raise InputError(f"{label}: {refusal}")
-    raise ProcessFailed(f"{label}: the launched training exited with code {code}; its output is above")
+    raise ProcessFailed(f"{label}: the launched processes exited with code {code}; their output is above")
 
 
 def _relay(fd: int) -> str | None:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from longctx.core.errors import InputError
 from longctx.core.files import RULER_RUN_KIND
-from longctx.core.kinds import Names
+from longctx.core.kinds import Int, Names
 from longctx.core.settings import Settings, setting
 from longctx.eval.runner import run_ruler
 from longctx.eval.settings import RulerRunSettings
@@ -31,6 +33,9 @@ WHICH = ("which checkpoints to evaluate: model (the source), pretrain, extend, y
 @dataclass(frozen=True)
 class RulerSection(RulerRunSettings):
     checkpoints: list[str] | None = setting(None, Names(), WHICH, cli=None)
+    shards: int = setting(1, Int(minimum=1), "Predict each run as this many shards at once (`longctx ruler run "
+                                             "... --shard I/N`, each its own process and its share of the GPUs), "
+                                             "then put them together (`longctx ruler merge`).", cli=None)
 
 
 class RulerStage(EvaluationStage):
@@ -68,7 +73,9 @@ class RulerStage(EvaluationStage):
         return {"lengths": within}
 
     def record(self, section: Settings, changes: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        record = {k: v for k, v in section_record(section).items() if k != "checkpoints"}
+        # one shard (the default) is no key: a recipe's stages made before shards existed stay done
+        record = {k: v for k, v in section_record(section).items()
+                  if k != "checkpoints" and not (k == "shards" and v == 1)}
         record["lengths"] = {c: change["lengths"] for c, change in changes.items()}
         return record
 
@@ -77,5 +84,44 @@ class RulerStage(EvaluationStage):
 
         for job in step.jobs:
             ctx.log(f"ruler {Path(job.output).name}")
-            run_ruler(dataclasses.replace(job, name=job.name or Path(job.output).name), log=ctx.log)
+            job = dataclasses.replace(job, name=job.name or Path(job.output).name)
+            if step.settings.get("shards", 1) > 1:
+                _run_shards(job, step.settings["shards"], ctx)
+            else:
+                run_ruler(job, log=ctx.log)
             ctx.log(write_report(job.output, plot=job.plot, intervals=job.intervals).markdown.split("\n\n")[0])
+
+
+def _run_shards(job: RulerRunSettings, count: int, ctx: RunContext) -> None:
+    """`job` as `count` shards predicted at once, each a `longctx ruler run ... --shard I/N` process bound to this
+    one with its share of the GPUs (when there are at least as many as shards), then merged into `job.output`."""
+    from longctx.eval.settings import MergeSettings
+    from longctx.eval.shards import merge_run
+    from longctx.recipe.launch import run_launched
+
+    devices = _devices()
+    share = len(devices) // count
+
+    def one(index: int) -> None:
+        shard = dataclasses.replace(job, shard=f"{index}/{count}")
+        env = {"CUDA_VISIBLE_DEVICES": ",".join(devices[(index - 1) * share:index * share])} if share else {}
+        run_launched([sys.executable, "-m", "longctx", "ruler", "run", *shard.to_args()],
+                     f"ruler shard {index}/{count} of {job.name}", env=env)
+
+    with ThreadPoolExecutor(count) as pool:
+        for done in [pool.submit(one, i) for i in range(1, count + 1)]:
+            done.result()
+    merge_run(MergeSettings(run_dir=job.output, plot=job.plot, intervals=job.intervals), log=ctx.log)
+
+
+def _devices() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (none on a machine without CUDA)."""
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    names = [d.strip() for d in visible.split(",") if d.strip()] if visible else []
+    return names[:torch.cuda.device_count()] or [str(i) for i in range(torch.cuda.device_count())]
