@@ -99,7 +99,10 @@ class VllmEngines:
             require_vllm()
             from vllm import LLM
 
-            self.llm = LLM(model=str(model), dtype="float32", enforce_eager=True, seed=0, **kwargs)
+            from longctx.eval.backends.vllm import cpu_engine_args
+
+            own = cpu_engine_args({"dtype": "float32"}, kwargs)  # as `longctx ruler` starts its engine
+            self.llm = LLM(model=str(model), dtype="float32", enforce_eager=True, seed=0, **kwargs, **own)
             self.key = key
         return self.llm
 

@@ -102,6 +102,23 @@ def cpu_engine_environment(kwargs: dict[str, Any], cores: int | None = None) -> 
     return env
 
 
+def cpu_engine_args(kwargs: dict[str, Any], engine_args: dict[str, Any]) -> dict[str, Any]:
+    """Engine arguments vLLM's CPU engine gets from longctx (none elsewhere, nor when the user chose the attention
+    backend): vLLM runs MLA (DeepSeek-style attention) with its AMX kernels wherever the processor has AMX tiles,
+    and those take bf16/fp16 weights only, so a float32 model fails to start ("expect weight to be bfloat16, ...",
+    vllm/v1/attention/backends/mla/amx_mla.py `process_weights_after_loading`); its reference CPU_MLA backend
+    runs any dtype. It is chosen for a dtype AMX does not take (a model without MLA ignores the choice:
+    vllm/platforms/cpu.py `get_attn_backend_cls`)."""
+    if kwargs.get("dtype") in ("bfloat16", "float16") or {"attention_backend", "attention_config"} & set(engine_args):
+        return {}
+    import torch
+    from vllm.platforms import current_platform
+
+    if not (current_platform.is_cpu() and torch.cpu._is_amx_tile_supported()):
+        return {}
+    return {"attention_backend": "CPU_MLA"}
+
+
 class VllmBackend(Backend):
     """The offline `vllm.LLM` engine."""
 
@@ -134,6 +151,7 @@ class VllmBackend(Backend):
         self.log: Path | None = None  # where the engine this backend started writes its output
         self._failed = False  # the engine failed while generating (said in one line already)
         self._start_failure: Exception | None = None  # what `start` met, raised by `generate`
+        self.own_args: dict[str, Any] = {}  # engine arguments longctx chose for this machine (`cpu_engine_args`)
 
     @classmethod
     def create(cls, options: VllmOptions, context: BackendContext) -> VllmBackend:
@@ -217,11 +235,12 @@ class VllmBackend(Backend):
                 if current_platform.is_cpu():
                     for key, value in cpu_engine_environment(self.kwargs).items():
                         os.environ.setdefault(key, value)
+                self.own_args = cpu_engine_args(self.kwargs, self.engine_args)
                 # vLLM's engine process (and through it its workers) dies with this process, a kill -9 included
                 # (`longctx.core.processes`); started here, in the thread that runs the whole evaluation.
                 with children_bound():
                     return LLM(model=self.checkpoint, max_model_len=self.max_model_len, **self.kwargs,
-                               **self.engine_args)
+                               **self.engine_args, **self.own_args)
         except InputError:
             raise
         except Exception as e:  # noqa: BLE001 - whatever stops the engine, the user gets one line and the log
@@ -285,7 +304,8 @@ class VllmBackend(Backend):
         # what the engine really uses ("auto" resolved from the checkpoint), while it is up
         self.ran = {"dtype": str(llm.llm_engine.model_config.dtype).removeprefix("torch."), "device": device_info(),
                     **({"environment": env} if (env := {k: os.environ[k] for k in CPU_ENVIRONMENT
-                                                        if k in os.environ}) else {})}
+                                                        if k in os.environ}) else {}),
+                    **({"engine_args": dict(self.own_args)} if self.own_args else {})}
         if self._dtype not in (None, "auto", self.ran["dtype"]):
             raise SettingError(f"vLLM runs {self.checkpoint} in {self.ran['dtype']}, not the {self._dtype} it "
                                f"resolved beforehand and this run directory is bound to; pass {ref('dtype')} "
