@@ -579,8 +579,10 @@ def test_a_url_is_recorded_redacted_wherever_settings_are_written():
     from longctx.recipe.plan import as_job, section_record
 
     url = f"http://alice:{PASSWORD}@host:8000/v1?k={QUERY_SECRET}"
-    s = RulerRunSettings(checkpoint="c", lengths=[4096], output="o", backend="openai", base_url=url)
+    other = f"http://bob:{PASSWORD}@other:8000/v1"
+    s = RulerRunSettings(checkpoint="c", lengths=[4096], output="o", backend="openai", base_url=[url, other])
     for written in (s.record(), section_record(s)):
         text = json.dumps(written)
         assert PASSWORD not in text and QUERY_SECRET not in text and "http://***@host:8000/v1?k=***" in text
-    assert as_job(s, RulerRunSettings, checkpoint="c", output="o").base_url == url
+        assert "http://***@other:8000/v1" in text
+    assert as_job(s, RulerRunSettings, checkpoint="c", output="o").base_url == [url, other]

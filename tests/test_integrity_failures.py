@@ -62,6 +62,7 @@ WRITERS = {
     "export": "export {w}/run-a --format lm-eval -o {o}/results.json",
     "ruler prepare": "ruler prepare --tokenizer {w}/ckpt --lengths 1k --tasks vt -o {o}",
     "ruler run": "ruler {w}/long --lengths 1k --tasks vt --samples 1 --backend hf -o {o}",
+    "ruler merge": "ruler merge {o} --shard-dir {w}/sharded/shards/1-of-2 --shard-dir {w}/sharded/shards/2-of-2",
 }
 EXEMPT = {"info": "writes nothing; its fingerprint cache is best effort (a failed write only costs time)"}
 SLOW = {"run"}  # runs a recipe
@@ -100,6 +101,12 @@ def world(tmp_path_factory, tiny_checkpoint):
     write_official(w / "official", "headwise", 4, 2)
     _run(w, "run-a", _scores_doc("a", "fa", {"vt": {4096: 90.0}}))
     _run(w, "run-b", _scores_doc("b", "fb", {"vt": {4096: 80.0}}))
+    from longctx.eval.runner import run_ruler
+    from longctx.eval.settings import RulerRunSettings
+
+    for i in (1, 2):  # a run's two shards
+        run_ruler(RulerRunSettings(checkpoint=str(w / "long"), lengths=[1024], tasks="vt", samples=2, backend="hf",
+                                   output=str(w / "sharded"), shard=f"{i}/2"), progress=False)
     (w / "recipe.yaml").write_text(yaml.safe_dump({"models": {"m": {"init": {"preset": "tiny",
                                                                               "attention": "baseline"}}},
                                                    "yarn": {"factor": 2}}))

@@ -88,6 +88,7 @@ WEIGHTS_EXEMPT = {
     "ruler prepare": "reads only the tokenizer (TOKENIZER_VERBS)",
     "compare": "reads RULER run directories, not checkpoints",
     "export": "reads RULER run directories, not checkpoints",
+    "ruler merge": "reads the shards of a RULER run, not checkpoints",
 }
 
 
@@ -269,6 +270,7 @@ TOKENIZER_EXEMPT = {
     "convert": "copies the tokenizer files, never builds the tokenizer",
     "compare": "reads RULER run directories, not checkpoints",
     "export": "reads RULER run directories, not checkpoints",
+    "ruler merge": "reads the shards of a RULER run, not checkpoints",
     "run": "a recipe runs the verbs above, each with its own check",
 }
 # Starting a vLLM engine (30+ s on CPU) only to see the same load_tokenizer call succeed is not worth it.

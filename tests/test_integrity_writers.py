@@ -9,6 +9,7 @@ never overwrites what its verb reads, and `compare` refuses one run given twice.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -28,6 +29,9 @@ from test_report import _run, _scores_doc
 
 from longctx.cli.main import cli
 from longctx.core.files import OWNER_FILE
+from longctx.eval.runner import run_ruler
+from longctx.eval.settings import RulerRunSettings
+from longctx.eval.shards import shard_dir
 
 PER_TASK = {"vt": {4096: 90.0, 8192: 60.0}}
 # Holds `OutputLock(argv[1])` until killed; says so on stdout once it holds it.
@@ -79,6 +83,15 @@ class World:
         self.recipe.write_text(yaml.safe_dump({"models": {"m": {"checkpoint": str(tiny)}}, "yarn": {"factor": 2}}))
 
 
+    @functools.cached_property
+    def shards(self) -> list[str]:
+        """The two shards of a RULER run (made when first asked: the run starts processes)."""
+        for i in (1, 2):
+            run_ruler(RulerRunSettings(checkpoint=str(self.long), lengths=[1024], tasks="vt", samples=2, backend="hf",
+                                       output=str(self.root / "sharded"), shard=f"{i}/2"), progress=False)
+        return [str(shard_dir(self.root / "sharded", f"{i}/2")) for i in (1, 2)]
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, tiny_checkpoint, reference_tokenizer_dir):
     from longctx.init.presets import write_tiny_qwen3
@@ -105,18 +118,23 @@ WRITERS: dict[str, Callable[[World, Path], list]] = {
                                      "vt", "--samples", "2", "-o", out],
     "ruler run": lambda w, out: ["ruler", "run", w.long, "--lengths", "1k", "--tasks", "vt", "--samples", "1",
                                  "--backend", "hf", "--no-plot", "-o", out],
+    "ruler merge": lambda w, out: ["ruler", "merge", out, "--no-plot",
+                                   *(a for d in w.shards for a in ("--shard-dir", d))],
 }
 EXEMPT = {"info": "reads a checkpoint and prints; it writes nothing"}
 # What each verb calls its output in its messages (default "output").
-WHAT = {"ruler run": "run directory"}
+WHAT = {"ruler run": "run directory", "ruler merge": "run directory"}
 # How a verb whose output is one file refuses a folder there, and a run directory refuses a foreign folder.
 FOLDER_REFUSAL = {"export lm-eval": "is a folder; lm-eval results are one JSON file",
-                  "ruler run": "exists and is not a longctx ruler run directory"}
+                  "ruler run": "exists and is not a longctx ruler run directory",
+                  "ruler merge": "exists and is not a longctx ruler run directory"}
 SLOW = {"run"}  # runs a recipe
+INPUTS_START_PROCESSES = {"ruler merge"}  # its shards are made by RULER runs
 
 
 def cases(names=WRITERS, slow_ones=()):
-    return [pytest.param(n, marks=pytest.mark.slow) if n in slow_ones else n for n in sorted(names)]
+    return [pytest.param(n, marks=pytest.mark.slow) if n in {*slow_ones, *INPUTS_START_PROCESSES} else n
+            for n in sorted(names)]
 
 
 def test_every_registered_command_is_in_the_table_or_exempt():

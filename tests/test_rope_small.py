@@ -274,6 +274,7 @@ NO_WEIGHTS = {
     "ruler run --backend openai": "the server holds the weights",
     "compare": "reads run directories",
     "export": "reads a run directory",
+    "ruler merge": "reads the shards of a run",
     "run": "runs a recipe's stages, which are the verbs above",
 }
 

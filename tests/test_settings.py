@@ -16,7 +16,7 @@ from longctx.cli.options import settings_from_params
 from longctx.convert.settings import ConvertSettings
 from longctx.core.errors import SettingError
 from longctx.core.kinds import Choice
-from longctx.eval.settings import PrepareSettings, RulerRunSettings
+from longctx.eval.settings import MergeSettings, PrepareSettings, RulerRunSettings
 from longctx.extend.settings import ExtendSettings
 from longctx.info.describe import InfoSettings
 from longctx.init.settings import InitSettings
@@ -34,7 +34,7 @@ RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 COMMANDS = {("info",): InfoSettings, ("yarn",): YarnSettings, ("init",): InitSettings, ("convert",): ConvertSettings,
             ("run",): RunSettings, ("sinks",): SinksSettings, ("extend",): ExtendSettings,
             ("compare",): CompareSettings, ("export",): ExportSettings, ("ruler", "prepare"): PrepareSettings,
-            ("ruler", "run"): RulerRunSettings}
+            ("ruler", "run"): RulerRunSettings, ("ruler", "merge"): MergeSettings}
 # Every field of every settings type set away from its default somewhere here: a new field without a sample
 # fails test_samples_cover_every_field, so the round trips below cover it.
 SAMPLES = {
@@ -63,6 +63,8 @@ SAMPLES = {
     CompareSettings: [dict(runs=["a", "b"], baseline="a", reference=4096, output="out", sinks=["a/sinks.json"],
                            layout="table5", intervals=True, parents={"b": "a"}, replicates={"m": ["a", "b"]})],
     ExportSettings: [dict(run="run", format="ruler", output="out", overwrite=True)],
+    MergeSettings: [dict(run_dir="run", shard_dirs=["run/shards/1-of-2", "elsewhere/2-of-2"], plot=False,
+                         intervals=True)],
     PrepareSettings: [dict(tokenizer="tok", lengths=[4096, 8192], tasks=["vt", "cwe"], samples=3, seed=1,
                            template="chat", data_dir="data", essay="essay.json", squad="squad.json",
                            hotpotqa="hf:org/hotpotqa", output="out", system_prompt="Be brief.",
@@ -77,7 +79,9 @@ SAMPLES = {
                                          "hf_overrides": {"rope_theta": 1e6}}),
                        dict(checkpoint="ckpt", lengths=[4096], output="out", backend="openai",
                             base_url="http://127.0.0.1:8000/v1", model="served", concurrency=2,
-                            trust_served_model=True, request_timeout=30.0, max_retries=1),
+                            trust_served_model=True, request_timeout=30.0, max_retries=1, shard="2/4"),
+                       dict(checkpoint="ckpt", lengths=[4096], output="out", backend="openai",
+                            base_url=["http://127.0.0.1:8000/v1", "http://127.0.0.1:8001/v1"]),
                        dict(checkpoint="ckpt", lengths=[4096], output="out", backend="hf", dtype="float32",
                             device="cpu")],
 }

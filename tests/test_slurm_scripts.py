@@ -52,11 +52,45 @@ print(job)
 '''
 
 
+# srun: the command once per node (SLURM_NNODES of them, at once), each with SLURM_NODEID and SLURM_PROCID and in a
+# session of its own (its pid in FAKE_SLURM_LOG.nodes, one per line, so a test can kill a "node"); with
+# --kill-on-bad-exit=1, a node that fails ends the others (SIGTERM, SIGKILL 10 s later), as Slurm does. Exits with
+# the worst exit code.
+FAKE_SRUN = r'''
+import os, signal, subprocess, sys, time
+args = sys.argv[1:]
+kill_on_bad_exit = "--kill-on-bad-exit=1" in args
+args = [a for a in args if not a.startswith("--kill-on-bad-exit")]
+nodes = int(os.environ["SLURM_NNODES"])
+procs = [subprocess.Popen(args, env={**os.environ, "SLURM_NODEID": str(i), "SLURM_PROCID": str(i)},
+                          start_new_session=True) for i in range(nodes)]
+with open(os.environ["FAKE_SLURM_LOG"] + ".nodes", "w") as f:
+    f.write("".join(f"{p.pid}\n" for p in procs))
+while any(p.poll() is None for p in procs):
+    if kill_on_bad_exit and any(p.poll() not in (None, 0) for p in procs):
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, sig)
+            end = time.monotonic() + 10
+            while any(p.poll() is None for p in procs) and time.monotonic() < end:
+                time.sleep(0.1)
+    time.sleep(0.1)
+sys.exit(max(abs(p.returncode) for p in procs))
+'''
+# scontrol: `scontrol show hostnames LIST` names this machine (every "node" is 127.0.0.1).
+FAKE_SCONTROL = r'''
+import sys
+assert sys.argv[1:3] == ["show", "hostnames"], sys.argv
+print("127.0.0.1")
+'''
+
+
 def fake_slurm(tmp_path: Path) -> dict[str, str]:
     """An environment whose PATH starts with the stand-ins, then longctx's own bin folder."""
     bin_dir = tmp_path / "fake-slurm"
     bin_dir.mkdir()
-    for name, body in {"sbatch": FAKE_SBATCH}.items():
+    for name, body in {"sbatch": FAKE_SBATCH, "srun": FAKE_SRUN, "scontrol": FAKE_SCONTROL}.items():
         tool = bin_dir / name
         tool.write_text(f"#!{sys.executable}\n{body}")
         tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
@@ -104,3 +138,67 @@ def test_the_ruler_array_job_predicts_shards_and_merges_them_into_the_run(ruler_
 def test_the_ruler_array_job_says_how_it_is_used():
     r = subprocess.run(["bash", str(ROOT / "scripts" / "ruler_slurm.sh")], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.startswith("usage: bash scripts/ruler_slurm.sh CKPT RUN_DIR N")
+
+
+EXTEND = ["--rope-base", "1e5", "--seq-len", "512", "--tokens", "8192", "--tokens-per-step", "2048", "--lr", "1e-3",
+          "--save-every", "2"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_extend_on_two_nodes_through_the_slurm_job_matches_one_process_and_resumes_a_lost_node(tiny_checkpoint,
+                                                                                                tmp_path):
+    """scripts/extend_slurm.sbatch with two "nodes" on this machine (one torchrun each, a c10d rendezvous on
+    127.0.0.1): the losses and weights of one process; one node killed after the step-2 save, the job submitted
+    again resumes there and ends with the same weights."""
+    import signal
+    import time
+
+    import torch
+    from safetensors.torch import load_file
+
+    from longctx.extend.loop import extend
+    from longctx.extend.settings import ExtendSettings
+
+    cache = tmp_path / "cache"
+    single = tmp_path / "single"
+    extend(ExtendSettings(checkpoint=str(tiny_checkpoint), output=str(single), seq_len=512, data=["synthetic:mixed"],
+                          rope_base=1e5, tokens=8192, tokens_per_step=2048, lr=1e-3, save_every=2,
+                          cache_dir=str(cache)), progress=False)
+
+    env = {**fake_slurm(tmp_path), "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_ID": "4242",
+           "GPUS_PER_NODE": "1", "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1",
+           "LONGCTX_CACHE_DIR": str(cache)}
+    out = tmp_path / "shared" / "extended"
+    argv = ["bash", str(ROOT / "scripts" / "extend_slurm.sbatch"), str(tiny_checkpoint), str(out), "synthetic:mixed",
+            *EXTEND]
+    job = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    saved = tmp_path / "shared" / "extended.train" / "step-000002"
+    deadline = time.monotonic() + 300
+    while not saved.is_dir() and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    nodes = [int(p) for p in Path(env["FAKE_SLURM_LOG"] + ".nodes").read_text().split()]
+    os.killpg(nodes[1], signal.SIGKILL)  # the second node is lost after the step-2 save
+    output = job.communicate(timeout=300)[0]
+    assert job.returncode != 0 and not (out / "model.safetensors").exists(), output[-3000:]
+
+    again = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "resum" in again.stdout + again.stderr, again.stdout[-2000:]
+    assert "world size 2 (FSDP2)" in again.stdout, again.stdout[-2000:]
+    logs = [{e["step"]: e for e in map(json.loads, (d / "train_log.jsonl").read_text().splitlines())}
+            for d in (single, out)]
+    assert sorted(logs[1]) == [1, 2, 3, 4]
+    for step, entry in logs[0].items():
+        assert logs[1][step]["loss"] == pytest.approx(entry["loss"], rel=1e-4), step
+    wa, wb = load_file(single / "model.safetensors"), load_file(out / "model.safetensors")
+    assert set(wa) == set(wb)
+    for name in wa:  # 4 Adam steps move a weight by ~3e-3; the sums' order between ranks, by ~1e-5
+        torch.testing.assert_close(wb[name], wa[name], rtol=1e-4, atol=5e-5, msg=name)

@@ -16,19 +16,29 @@ import hashlib
 import os
 import re
 import shutil
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from longctx.core.errors import InputError, SettingError
-from longctx.core.files import RULER_RUN_KIND, make_temp_dir, mark_output, read_json, write_json
+from longctx.core.files import (
+    OWNER_FILE,
+    RULER_RUN_KIND,
+    make_temp_dir,
+    mark_output,
+    output_kind,
+    read_json,
+    write_json,
+)
 from longctx.core.locks import OutputLock
 from longctx.core.parse import loads
 from longctx.eval.binding import RUN_FILE, RUN_FORMAT, STAGE_TAG, TASKS_DIR, check_run_dir, differences, link_tree
 from longctx.eval.predictions import TaskLine, read_predictions, read_task_lines, write_predictions
 from longctx.eval.settings import MergeSettings, RulerRunSettings
+
+if TYPE_CHECKING:
+    from longctx.report.run import Report
 
 SHARDS_DIR = "shards"
 SHARD_FILE = "shard.json"  # written when a shard's every sample is predicted: what ran, its timings
@@ -193,70 +203,92 @@ def gather(shards: list[_Shard]) -> Merged:
     return merged
 
 
-def write_merged(run_dir: Path, shards: list[_Shard], merged: Merged, log: Callable[[str], None]) -> dict[str, Any]:
-    """The run directory `run_dir` made whole from the shards: run.json (the run's, without a shard), the task
-    files and their manifest (links to the first shard's), one prediction file per task file in line order; what
-    was there of an earlier merge or run of the same settings is replaced. Returns run.json's content. Refused
-    when `run_dir` is bound to another run, or holds something else."""
+def _whole_run(shards: list[_Shard]) -> dict[str, Any]:
+    """run.json of the run the shards make: the first shard's, without its shard."""
     first = shards[0]
-    run = {"format": RUN_FORMAT, "binding": _whole(first.run["binding"]), "files": dict(first.run["files"]),
-           **{k: v for k, v in first.run.items() if k not in ("format", "binding", "files")}}
-    if (run_dir / RUN_FILE).is_file():
+    return {"format": RUN_FORMAT, "binding": _whole(first.run["binding"]), "files": dict(first.run["files"]),
+            **{k: v for k, v in first.run.items() if k not in ("format", "binding", "files")}}
+
+
+def _check_target(run_dir: Path, run: dict[str, Any]) -> None:
+    """Refuse a `run_dir` bound to another run, or holding anything but shards (and what longctx keeps hidden)."""
+    if (run_dir / RUN_FILE).is_file() and output_kind(run_dir) == RULER_RUN_KIND:
         check_run_dir(run_dir, run["binding"])
     elif run_dir.is_dir():
-        other = [p.name for p in run_dir.iterdir() if p.name != SHARDS_DIR and not p.name.startswith(".")]
-        if other:
-            raise InputError(f"'{run_dir}' holds {', '.join(sorted(other)[:3])}, not a run's shards; merge into the "
-                             "folder given to the shards as -o, or an empty one")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    staging = make_temp_dir(run_dir, "merge", STAGE_TAG)
-    try:
-        link_tree(first.folder / TASKS_DIR, staging / TASKS_DIR)  # the task files and their manifest
-        for rel in run["files"]:
-            write_predictions(staging / "pred" / rel, merged.records[rel])
-        for name in (TASKS_DIR, "pred"):
-            if (run_dir / name).exists():
-                os.rename(run_dir / name, staging / f"{name}.old")
-            os.rename(staging / name, run_dir / name)
-        write_json(run_dir / RUN_FILE, run)
-        mark_output(run_dir, RULER_RUN_KIND)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    log(f"merged {len(shards)} shards: {merged.total} predictions of {len(run['files'])} task files into {run_dir}")
-    return run
+        other = sorted(p.name for p in run_dir.iterdir() if p.name != SHARDS_DIR and not p.name.startswith("."))
+        if other or (run_dir / OWNER_FILE).exists():
+            held = f"it holds {', '.join(other[:3])}" if other else f"its {OWNER_FILE} is not longctx's"
+            raise InputError(f"run directory '{run_dir}' exists and is not a longctx ruler run directory ({held}); "
+                             "merge into the folder the shards were given as -o, or a new one")
 
 
-def merge_run(s, log: Callable[[str], None] | None = None) -> Path:
-    """`longctx ruler merge`: the complete shards of the run `s.run_dir` (a `MergeSettings`) put together into it,
-    scored into scores.json as the same run done in one go would be. Every refusal (shards missing, twice, of
-    another run or split, unfinished) comes before anything is written. Returns the scores file."""
+def _write(run_dir: Path, staging: Path, shards: list[_Shard], merged: Merged, run: dict[str, Any], s) -> Report:
+    """The merged run made in `staging` (task files linked from the first shard's, one canonical prediction file
+    per task file, run.json, scores.json, the report), then moved into `run_dir` (what an earlier merge or run of
+    the same settings left there is replaced); returns the report."""
     from longctx.eval.scores import SCORES_FILE, score_rows, scores_document
+    from longctx.report.run import write_report
     from ruler_tasks.registry import resolve_tasks
 
+    first = shards[0]
+    link_tree(first.folder / TASKS_DIR, staging / TASKS_DIR)  # the task files and their manifest
+    for rel in run["files"]:
+        write_predictions(staging / "pred" / rel, merged.records[rel])
+    held = dict(sorted(((int(rel.partition("/")[0]), rel.partition("/")[2].removesuffix(".jsonl")),
+                        merged.lines[rel]) for rel in run["files"]))
+    order = (first.record or {}).get("tasks") or []  # the shards' --tasks order, then RULER's
+    names = {task for _, task in held}
+    specs = [t for t in resolve_tasks([n for n in order if n in names] or None) if t.name in names]
+    specs += [t for t in resolve_tasks(None) if t.name in names and t not in specs]
+    rows = score_rows(staging, specs, held)
+    ran = [(x.record or {}).get("ran") for x in shards]
+    write_json(staging / SCORES_FILE, scores_document(
+        binding=run["binding"], run=run, template=(first.record or {}).get("template"), rows=rows,
+        ran=ran[0] if all(r == ran[0] for r in ran) else {x.name: r for x, r in zip(shards, ran)},
+        timings={"shards": {x.name: (x.record or {}).get("timings") for x in shards}}, held=list(held),
+        specs=specs))
+    write_json(staging / RUN_FILE, run)
+    mark_output(staging, RULER_RUN_KIND)
+    rep = write_report(staging, plot=s.plot, intervals=s.intervals)
+    for name in (TASKS_DIR, "pred"):
+        if (run_dir / name).exists():
+            os.rename(run_dir / name, staging / f"{name}.old")
+        os.rename(staging / name, run_dir / name)
+    for item in sorted((p for p in staging.iterdir() if p.is_file()), key=lambda p: p.name == RUN_FILE):
+        os.replace(item, run_dir / item.name)  # run.json last: it names files that are there
+    rep.files = [run_dir / p.name for p in rep.files]
+    return rep
+
+
+def merge_run(s, log: Callable[[str], None] | None = None) -> Report:
+    """`longctx ruler merge`: the complete shards of the run `s.run_dir` (a `MergeSettings`) put together into it,
+    scored into scores.json and reported as the same run done in one go would be. Every refusal (shards missing,
+    twice, of another run or split, unfinished; a run directory of another run) comes before anything is
+    written, and a failure to write (a full disk) leaves the run directory as it was."""
     say = log or (lambda _msg: None)
-    t0 = time.perf_counter()
     run_dir = Path(s.run_dir)
     lock = OutputLock(run_dir, "run directory")
     try:
         shards = find_shards(run_dir, s.shard_dirs)
         check_one_run(shards)
         merged = gather(shards)
-        run = write_merged(run_dir, shards, merged, say)
-        held = {(int(rel.partition("/")[0]), rel.partition("/")[2].removesuffix(".jsonl")): merged.lines[rel]
-                for rel in run["files"]}
-        held = dict(sorted(held.items()))
-        order = (shards[0].record or {}).get("tasks") or []
-        names = {task for _, task in held}
-        specs = [t for t in resolve_tasks([n for n in order if n in names] or None) if t.name in names]
-        specs += [t for t in resolve_tasks(None) if t.name in names and t not in specs]
-        rows = score_rows(run_dir, specs, held)
-        timings = {"shards": {x.name: (x.record or {}).get("timings") for x in shards},
-                   "merge_s": round(time.perf_counter() - t0, 3)}
-        ran = [(x.record or {}).get("ran") for x in shards]
-        ran = ran[0] if all(r == ran[0] for r in ran) else {x.name: r for x, r in zip(shards, ran)}
-        write_json(run_dir / SCORES_FILE, scores_document(
-            binding=run["binding"], run=run, template=(shards[0].record or {}).get("template"), rows=rows, ran=ran,
-            timings=timings, held=list(held), specs=specs))
+        run = _whole_run(shards)
+        _check_target(run_dir, run)
+        fresh = not run_dir.exists()
+        staging = None
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            staging = make_temp_dir(run_dir, "merge", STAGE_TAG)
+            rep = _write(run_dir, staging, shards, merged, run, s)
+        except OSError as e:
+            if fresh:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise InputError(f"cannot write the merged run in '{run_dir}' ({e.strerror or type(e).__name__}); free "
+                             "some space or choose another run directory") from None
+        finally:
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
     finally:
         lock.release()
-    return run_dir / SCORES_FILE
+    say(f"merged {len(shards)} shards: {merged.total} predictions of {len(run['files'])} task files into {run_dir}")
+    return rep

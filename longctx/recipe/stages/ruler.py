@@ -33,8 +33,8 @@ WHICH = ("which checkpoints to evaluate: model (the source), pretrain, extend, y
 @dataclass(frozen=True)
 class RulerSection(RulerRunSettings):
     checkpoints: list[str] | None = setting(None, Names(), WHICH, cli=None)
-    shards: int = setting(1, Int(minimum=1), "Predict each run as this many shards at once (`longctx ruler run "
-                                             "... --shard I/N`, each its own process and its share of the GPUs), "
+    shards: int = setting(1, Int(minimum=1), "Predict each run as this many shards at once (each a `longctx ruler "
+                                             "run` of one shard, in its own process with its share of the GPUs), "
                                              "then put them together (`longctx ruler merge`).", cli=None)
 
 
