@@ -101,12 +101,6 @@ def world(tmp_path_factory, tiny_checkpoint):
     write_official(w / "official", "headwise", 4, 2)
     _run(w, "run-a", _scores_doc("a", "fa", {"vt": {4096: 90.0}}))
     _run(w, "run-b", _scores_doc("b", "fb", {"vt": {4096: 80.0}}))
-    from longctx.eval.runner import run_ruler
-    from longctx.eval.settings import RulerRunSettings
-
-    for i in (1, 2):  # a run's two shards
-        run_ruler(RulerRunSettings(checkpoint=str(w / "long"), lengths=[1024], tasks="vt", samples=2, backend="hf",
-                                   output=str(w / "sharded"), shard=f"{i}/2"), progress=False)
     (w / "recipe.yaml").write_text(yaml.safe_dump({"models": {"m": {"init": {"preset": "tiny",
                                                                               "attention": "baseline"}}},
                                                    "yarn": {"factor": 2}}))
@@ -161,8 +155,21 @@ def full_disk(request, tmp_path):
         _unmount(where)
 
 
+@pytest.fixture(scope="module")
+def shards(world):
+    """The two shards of a RULER run in `world` (`ruler merge` merges them); the runs start processes."""
+    from longctx.eval.runner import run_ruler
+    from longctx.eval.settings import RulerRunSettings
+
+    for i in (1, 2):
+        run_ruler(RulerRunSettings(checkpoint=str(world / "long"), lengths=[1024], tasks="vt", samples=2,
+                                   backend="hf", output=str(world / "sharded"), shard=f"{i}/2"), progress=False)
+
+
 @pytest.fixture
-def environment(world, tmp_path, monkeypatch):
+def environment(world, tmp_path, monkeypatch, request):
+    if getattr(request.node, "callspec", None) and request.node.callspec.params.get("verb") == "ruler merge":
+        request.getfixturevalue("shards")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-hf-home"))
     monkeypatch.chdir(tmp_path)

@@ -275,8 +275,9 @@ def _merge(s: MergeSettings) -> None:
     scores as the same run done in one go, then its tables and plot."""
 
     from longctx.eval.shards import merge_run
+    from longctx.report.run import write_report
 
-    rep = merge_run(s, log=click.echo)
+    rep = merge_run(s, lambda folder: write_report(folder, plot=s.plot, intervals=s.intervals), log=click.echo)
     _echo_report(rep)
     click.echo(f"results in {s.run_dir}: {', '.join(p.name for p in rep.files)}")
 

@@ -19,7 +19,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 from longctx.core.errors import InputError, SettingError
 from longctx.core.files import (
@@ -37,9 +37,7 @@ from longctx.eval.binding import RUN_FILE, RUN_FORMAT, STAGE_TAG, TASKS_DIR, che
 from longctx.eval.predictions import TaskLine, read_predictions, read_task_lines, write_predictions
 from longctx.eval.settings import MergeSettings, RulerRunSettings
 
-if TYPE_CHECKING:
-    from longctx.report.run import Report
-
+T = TypeVar("T")
 SHARDS_DIR = "shards"
 SHARD_FILE = "shard.json"  # written when a shard's every sample is predicted: what ran, its timings
 SHARD_FORMAT = "longctx-ruler-shard/1"
@@ -222,12 +220,12 @@ def _check_target(run_dir: Path, run: dict[str, Any]) -> None:
                              "merge into the folder the shards were given as -o, or a new one")
 
 
-def _write(run_dir: Path, staging: Path, shards: list[_Shard], merged: Merged, run: dict[str, Any], s) -> Report:
+def _write(run_dir: Path, staging: Path, shards: list[_Shard], merged: Merged, run: dict[str, Any],
+           finish: Callable[[Path], T]) -> T:
     """The merged run made in `staging` (task files linked from the first shard's, one canonical prediction file
-    per task file, run.json, scores.json, the report), then moved into `run_dir` (what an earlier merge or run of
-    the same settings left there is replaced); returns the report."""
+    per task file, run.json, scores.json, then what `finish(staging)` writes there), then moved into `run_dir`
+    (what an earlier merge or run of the same settings left there is replaced); returns what `finish` did."""
     from longctx.eval.scores import SCORES_FILE, score_rows, scores_document
-    from longctx.report.run import write_report
     from ruler_tasks.registry import resolve_tasks
 
     first = shards[0]
@@ -249,22 +247,23 @@ def _write(run_dir: Path, staging: Path, shards: list[_Shard], merged: Merged, r
         specs=specs))
     write_json(staging / RUN_FILE, run)
     mark_output(staging, RULER_RUN_KIND)
-    rep = write_report(staging, plot=s.plot, intervals=s.intervals)
+    made = finish(staging)
     for name in (TASKS_DIR, "pred"):
         if (run_dir / name).exists():
             os.rename(run_dir / name, staging / f"{name}.old")
         os.rename(staging / name, run_dir / name)
     for item in sorted((p for p in staging.iterdir() if p.is_file()), key=lambda p: p.name == RUN_FILE):
         os.replace(item, run_dir / item.name)  # run.json last: it names files that are there
-    rep.files = [run_dir / p.name for p in rep.files]
-    return rep
+    return made
 
 
-def merge_run(s, log: Callable[[str], None] | None = None) -> Report:
+def merge_run(s, finish: Callable[[Path], T], log: Callable[[str], None] | None = None) -> T:
     """`longctx ruler merge`: the complete shards of the run `s.run_dir` (a `MergeSettings`) put together into it,
-    scored into scores.json and reported as the same run done in one go would be. Every refusal (shards missing,
+    scored into scores.json as the same run done in one go would be, and `finish(folder)` (the report: it reads
+    the run there and writes beside it) run before the run is moved into place. Every refusal (shards missing,
     twice, of another run or split, unfinished; a run directory of another run) comes before anything is
-    written, and a failure to write (a full disk) leaves the run directory as it was."""
+    written, and a failure to write (a full disk) leaves the run directory as it was. Returns what `finish`
+    returned."""
     say = log or (lambda _msg: None)
     run_dir = Path(s.run_dir)
     lock = OutputLock(run_dir, "run directory")
@@ -279,7 +278,7 @@ def merge_run(s, log: Callable[[str], None] | None = None) -> Report:
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
             staging = make_temp_dir(run_dir, "merge", STAGE_TAG)
-            rep = _write(run_dir, staging, shards, merged, run, s)
+            made = _write(run_dir, staging, shards, merged, run, finish)
         except OSError as e:
             if fresh:
                 shutil.rmtree(run_dir, ignore_errors=True)
@@ -291,4 +290,4 @@ def merge_run(s, log: Callable[[str], None] | None = None) -> Report:
     finally:
         lock.release()
     say(f"merged {len(shards)} shards: {merged.total} predictions of {len(run['files'])} task files into {run_dir}")
-    return rep
+    return made

@@ -111,7 +111,7 @@ def _run_shards(job: RulerRunSettings, count: int, ctx: RunContext) -> None:
     with ThreadPoolExecutor(count) as pool:
         for done in [pool.submit(one, i) for i in range(1, count + 1)]:
             done.result()
-    merge_run(MergeSettings(run_dir=job.output, plot=job.plot, intervals=job.intervals), log=ctx.log)
+    merge_run(MergeSettings(run_dir=job.output), lambda folder: None, log=ctx.log)  # the stage then reports
 
 
 def _devices() -> list[str]:
