@@ -74,7 +74,8 @@ class _StartFailed(Exception):
 
 
 # The engine environment longctx sets on a CPU (a value the user exported wins); what ran records them.
-CPU_ENVIRONMENT = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_USE_AOT_COMPILE", "VLLM_CPU_NUM_OF_RESERVED_CPU")
+CPU_ENVIRONMENT = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_USE_AOT_COMPILE", "VLLM_CPU_NUM_OF_RESERVED_CPU",
+                   "VLLM_CPU_OMP_THREADS_BIND")
 # Up to this many cores, the one vLLM's CPU worker leaves to its scheduler process costs more than it saves.
 FEW_CORES = 4
 
@@ -91,12 +92,21 @@ def cpu_engine_environment(kwargs: dict[str, Any], cores: int | None = None) -> 
     - VLLM_CPU_NUM_OF_RESERVED_CPU=0 on a machine of at most FEW_CORES cores (`cores`, default: those this process
       may run on) with one engine rank: vLLM keeps a core per rank off its OpenMP threads for the scheduler process
       (vllm/utils/ompmultiprocessing.py), which idles but for a few percent; on 2 cores that halves the compute
-      (SmolLM2-135M, fp32, one 8k prompt: 27.3 s with the core kept, 13.9 s without)."""
+      (SmolLM2-135M, fp32, one 8k prompt: 27.3 s with the core kept, 13.9 s without).
+    - VLLM_CPU_OMP_THREADS_BIND: with several ranks (tensor parallel) on fewer NUMA nodes than ranks, vLLM's own
+      binding ("auto": one rank per NUMA node) refuses to start ("Not enough allowed NUMA nodes to bind threads of
+      2 local CPUWorkers", vllm/v1/worker/cpu_worker.py); the cores this process may use are split between the
+      ranks instead ("0|1" for two ranks on two cores)."""
     env = {"VLLM_USE_AOT_COMPILE": "0"}
-    cores = cores if cores is not None else len(os.sched_getaffinity(0))
+    allowed = sorted(os.sched_getaffinity(0))
+    cores = cores if cores is not None else len(allowed)
     ranks = kwargs.get("tensor_parallel_size", 1) * kwargs.get("data_parallel_size", 1)
     if cores <= FEW_CORES and ranks == 1:
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    if ranks > 1 and _numa_nodes() < ranks <= len(allowed):
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
+            ",".join(map(str, allowed[i * len(allowed) // ranks:(i + 1) * len(allowed) // ranks]))
+            for i in range(ranks))
     if not {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(kwargs):
         env["VLLM_CPU_KVCACHE_SPACE"] = str(CPU_KV_CACHE_GIB)
     return env
@@ -117,6 +127,18 @@ def cpu_engine_args(kwargs: dict[str, Any], engine_args: dict[str, Any]) -> dict
     if not (current_platform.is_cpu() and torch.cpu._is_amx_tile_supported()):
         return {}
     return {"attention_backend": "CPU_MLA"}
+
+
+def _engine_dtype(llm) -> str:
+    """The dtype an engine (a `vllm.LLM`, or replicas of one) runs."""
+    if hasattr(llm, "llm_engine"):
+        return str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
+    return llm.dtype
+
+
+def _numa_nodes() -> int:
+    """The NUMA nodes of this machine (1 where Linux does not say)."""
+    return max(1, len(list(Path("/sys/devices/system/node").glob("node[0-9]*"))))
 
 
 class VllmBackend(Backend):
@@ -179,7 +201,7 @@ class VllmBackend(Backend):
         starting it; the requested name when that rule cannot be reached (`generate` then checks what ran)."""
         if self._dtype is None:
             if self.llm is not None:
-                self._dtype = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
+                self._dtype = _engine_dtype(self.llm)
             else:
                 self._dtype = self.kwargs["dtype"]
                 with contextlib.suppress(Exception), output_to(Path(os.devnull)):  # vLLM's import prints
@@ -236,6 +258,13 @@ class VllmBackend(Backend):
                     for key, value in cpu_engine_environment(self.kwargs).items():
                         os.environ.setdefault(key, value)
                 self.own_args = cpu_engine_args(self.kwargs, self.engine_args)
+                replicas = self.kwargs.get("data_parallel_size", 1)
+                if replicas > 1:  # vLLM's offline engine takes one replica: one engine process each
+                    from longctx.eval.vllm_replicas import Replicas
+
+                    one = {k: v for k, v in self.kwargs.items() if k != "data_parallel_size"}
+                    return Replicas({"model": self.checkpoint, "max_model_len": self.max_model_len, **one,
+                                     **self.engine_args, **self.own_args}, replicas, log).start()
                 # vLLM's engine process (and through it its workers) dies with this process, a kill -9 included
                 # (`longctx.core.processes`); started here, in the thread that runs the whole evaluation.
                 with children_bound():
@@ -274,9 +303,10 @@ class VllmBackend(Backend):
                 self.llm = self._start()
             except _StartFailed as e:
                 raise self._failed_start(e) from None
-        have = self.llm.llm_engine.model_config.max_model_len
-        if have < self.max_model_len:
-            raise InputError(f"the given vLLM engine has max_model_len {have} < {self.max_model_len} needed")
+        config = getattr(getattr(self.llm, "llm_engine", None), "model_config", None)  # replicas: started here
+        if config is not None and config.max_model_len < self.max_model_len:
+            raise InputError(f"the given vLLM engine has max_model_len {config.max_model_len} < "
+                             f"{self.max_model_len} needed")
         return self.llm
 
     def _failed_start(self, failure: Exception) -> Exception:
@@ -293,7 +323,10 @@ class VllmBackend(Backend):
             llm, self.llm = self.llm, None
             # a failed engine's shutdown may fail as well: the failure has been said
             with contextlib.suppress(Exception) if self._failed else contextlib.nullcontext():
-                llm.llm_engine.engine_core.shutdown()
+                if hasattr(llm, "llm_engine"):
+                    llm.llm_engine.engine_core.shutdown()
+                else:  # replicas
+                    llm.close()
 
     def generate(self, requests: Iterable[Request], on_result: OnResult) -> None:
         """Greedy outputs of `requests`, each reported to `on_result` as it finishes. InputError, one line naming
@@ -302,7 +335,7 @@ class VllmBackend(Backend):
         from vllm import SamplingParams
 
         # what the engine really uses ("auto" resolved from the checkpoint), while it is up
-        self.ran = {"dtype": str(llm.llm_engine.model_config.dtype).removeprefix("torch."), "device": device_info(),
+        self.ran = {"dtype": _engine_dtype(llm), "device": device_info(),
                     **({"environment": env} if (env := {k: os.environ[k] for k in CPU_ENVIRONMENT
                                                         if k in os.environ}) else {}),
                     **({"engine_args": dict(self.own_args)} if self.own_args else {})}
@@ -311,6 +344,14 @@ class VllmBackend(Backend):
                                f"resolved beforehand and this run directory is bound to; pass {ref('dtype')} "
                                "explicitly", VllmOptions)
 
+        if not hasattr(llm, "llm_engine"):  # replicas (`longctx.eval.vllm_replicas`)
+            self.ran["replicas"] = self.kwargs["data_parallel_size"]
+            try:
+                llm.generate(requests, on_result)
+            except InputError:
+                self._failed = True
+                raise
+            return
         engine = llm.llm_engine
         window = 2 * max(int(getattr(engine.vllm_config.scheduler_config, "max_num_seqs", 256) or 256), self.chunk)
         it = iter(requests)
