@@ -119,12 +119,16 @@ def test_a_stopped_shard_resumes_and_an_unfinished_run_is_not_merged(ruler_check
         run_ruler(settings(ruler_checkpoint, out, shard="1/2"), progress=False, on_prediction=stop)
     with pytest.raises(InputError, match=r"shard\(s\) 2/2 of 2 are missing; .*--shard 2/2 -o "):
         merge_run(MergeSettings(run_dir=str(out)), lambda folder: None)
-    run_ruler(settings(ruler_checkpoint, out, shard="2/2"), progress=False)
+    said = []
+    run_ruler(settings(ruler_checkpoint, out, shard="2/2"), progress=False, log=said.append)
     first = sum(len(samples_of("1/2", 1024, task, SAMPLES)) for task in TASKS.split(","))
     with pytest.raises(InputError, match=rf"{2 * SAMPLES - first + 1} of the run's {2 * SAMPLES} samples are "
                                          rf"predicted; not finished: shard 1/2 \(1 of {first} predicted\)"):
         merge_run(MergeSettings(run_dir=str(out)), lambda folder: None)
     assert not (out / "run.json").exists()  # nothing written
+    # a shard starts by saying how far the whole run is
+    assert f"shard 2/2: {2 * SAMPLES - first} of the run's {2 * SAMPLES} samples" in said[1], said
+    assert said[1].endswith(f"the run has 1 of {2 * SAMPLES} predicted across its shards"), said
     r = run_ruler(settings(ruler_checkpoint, out, shard="1/2"), progress=False)
     assert (r.new_predictions, r.reused_predictions) == (first - 1, 1)
     merge_run(MergeSettings(run_dir=str(out)), lambda folder: None)

@@ -39,7 +39,7 @@ from longctx.eval.predictions import PredictionWriter, TaskLine, prompt_hash, re
 from longctx.eval.request import Request
 from longctx.eval.scores import SCORES_FILE, score_rows, scores_document
 from longctx.eval.settings import RulerRunSettings
-from longctx.eval.shards import SHARD_FILE, SHARD_FORMAT, samples_of, shard_dir
+from longctx.eval.shards import SHARD_FILE, SHARD_FORMAT, predicted_by_shards, samples_of, shard_dir
 from longctx.eval.tasks import load_task_tokenizer
 from longctx.eval.thinking import THINK_END, answer_after_thinking
 from longctx.info.describe import model_info, sliding_note
@@ -465,7 +465,9 @@ def _predict_and_score(s: RulerRunSettings, r: _OpenRun, progress: bool,
         skip = {key: done[key] | (set(range(len(task_lines[key]))) - mine[key]) for key in mine}
         done = {key: done[key] & mine[key] for key in mine}
         total = sum(len(v) for v in mine.values())
-        say(f"shard {s.shard}: {total} of the run's {sum(len(v) for v in task_lines.values())} samples, in {out}")
+        whole = sum(len(v) for v in task_lines.values())
+        say(f"shard {s.shard}: {total} of the run's {whole} samples, in {out}; the run has "
+            f"{predicted_by_shards(out.parent, s.shard, task_lines)} of {whole} predicted across its shards")
     reused = sum(len(v) for v in done.values())
     if bk.credential is not None:
         say(f"credential: {bk.credential}")

@@ -31,6 +31,7 @@ from longctx.core.files import (
     read_json,
     write_json,
 )
+from longctx.core.kinds import KindError, Shard
 from longctx.core.locks import OutputLock
 from longctx.core.parse import loads
 from longctx.eval.binding import RUN_FILE, RUN_FORMAT, STAGE_TAG, TASKS_DIR, check_run_dir, differences, link_tree
@@ -69,6 +70,21 @@ def samples_of(shard: str, length: int, task: str, lines: int) -> set[int]:
     return {i for i in range(lines) if owner(length, task, i, count) == index}
 
 
+def predicted_by_shards(shards: Path, shard: str, task_lines: dict[tuple[int, str], list[TaskLine]]) -> int:
+    """How many of the run's samples (`task_lines`: (length, task) -> its task file's lines) the shards of its
+    split in the folder `shards` hold a prediction of, each counting only its own samples: the whole run's
+    progress, as a shard starts."""
+    count = split(shard)[1]
+    done = 0
+    for index in range(1, count + 1):
+        folder = shards / f"{index}-of-{count}"
+        for (length, task), lines in task_lines.items():
+            preds = read_predictions(folder / "pred" / str(length) / f"{task}.jsonl",
+                                     [t.prompt_sha256 for t in lines])
+            done += len(preds.keys() & samples_of(f"{index}/{count}", length, task, len(lines)))
+    return done
+
+
 @dataclass
 class _Shard:
     folder: Path
@@ -91,10 +107,11 @@ def _read_shard(folder: Path) -> _Shard:
     if not isinstance(binding, dict):
         raise InputError(f"'{folder}' is not a RULER run directory (no readable {RUN_FILE}); merge the folders "
                          f"`longctx ruler run ... {_SHARD} I/N` made")
-    shard = binding.get("shard")
-    if not (isinstance(shard, str) and re.fullmatch(r"\d+/\d+", shard)):
+    try:
+        shard = Shard().parse(binding.get("shard"))
+    except KindError:
         raise InputError(f"'{folder}' is a whole run, not a shard (made without {_SHARD}); merge the shards of a "
-                         "run")
+                         "run") from None
     try:
         record = read_json(folder / SHARD_FILE)
     except (OSError, ValueError):
@@ -183,11 +200,11 @@ def gather(shards: list[_Shard]) -> Merged:
         records: list[dict[str, Any] | None] = [None] * len(lines)
         for s in shards:
             preds = read_predictions(s.folder / "pred" / rel, prompts)
-            for i in samples_of(s.name, int(length), task, len(lines)):
+            own = samples_of(s.name, int(length), task, len(lines))
+            for i in own:
                 records[i] = preds.get(i)
             got = short.setdefault(s.name, [0, 0])
-            own = samples_of(s.name, int(length), task, len(lines))
-            got[0] += sum(i in preds for i in own)
+            got[0] += len(own & preds.keys())
             got[1] += len(own)
         merged.records[rel] = records  # type: ignore[assignment]
         merged.lines[rel] = lines
