@@ -3,22 +3,25 @@ through 1 vs 2 vLLM servers; then `ruler merge` of 6,500 predictions (13 tasks x
 
     .venv/bin/python scripts/bench_ruler_shards.py [--samples 150] [--backend vllm|hf] [--skip-endpoints]
 
-Shards: `longctx ruler CKPT ... --backend vllm` (or hf) once with every core, then as `--shard 1/2` and
-`--shard 2/2` at once with half the cores each (OMP_NUM_THREADS; vLLM binds its threads by it), on a tiny random
-Qwen3 (the tests' shape). Each side's wall time from the first process start to the last end (task files, engine
-start, predictions; the merge is not counted), and its predicting alone (scores.json's and shard.json's
-`generate_s`, the slower shard's): what grows with the run, while the start does not.
+Shards: `longctx ruler CKPT ... --backend vllm` (or hf) on a tiny random Qwen3 (the tests' shape), three ways: one
+run with every core, one run with half the cores (one "device"), and `--shard 1/2` and `--shard 2/2` at once with
+half the cores each (two "devices"; `share_environment`, as a recipe's shards). Each side's wall time from the
+first process start to the last end (task files, engine start, predictions; the merge is not counted), and its
+predicting alone (scores.json's and shard.json's `generate_s`, the slower shard's): what grows with the run, while
+the start does not. Shards (and replicas, and servers) are for more devices than one engine uses: on a GPU node
+one engine uses one GPU, and the comparison that says what N of them give is one device against two. With every
+core given to one engine (vLLM uses both cores of this machine) there is no idle device to gain.
 
-Endpoints: the same run through `--backend openai` against one `vllm serve` with every core, and against two each
-bound to half of them (`VLLM_CPU_OMP_THREADS_BIND`), started before the clock starts. Both sides of each pair must
-give the same predictions (checked).
+Endpoints: the same run through `--backend openai`, three ways: one `vllm serve` with every core, one with half of
+them, two with half each (started before the run); the run's predicting (`generate_s`). The client (longctx) runs
+on the same cores. Every side must give the same predictions (checked).
 
 Merge: the two shards of a run of every task, 250 samples at 4k and 8k (the tests' SQuAD excerpt holds 431
 questions), predicted through a stand-in server that answers at once, put together by `ruler merge` in this
 process (the merge's time, not an interpreter's start).
 
-Prints both sides of each pair with its ratio, the merge time, and last `ratio=`: the smaller speed-up (the
-shards' predicting, the endpoints' whole run; goal: >= 1.8 on 2 cores; merging 6,500 predictions <= 2 s).
+Prints every side with both ratios, the merge time, and last `ratio=`: the smaller of the two one-device-to-two
+speed-ups, predicting (goal: >= 1.8; merging 6,500 predictions <= 2 s).
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from bench_common import one_line_errors
+
+from longctx.eval.vllm_replicas import share_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "ruler" / "data"  # the tests' essay, SQuAD and HotpotQA excerpts
@@ -64,28 +69,36 @@ def _env(threads: int, **more: str) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", **more}
 
 
+def _predicting(scores: Path) -> float:
+    return json.loads(scores.read_text())["timings"]["generate_s"]
+
+
 def shards(ckpt: Path, root: Path, samples: int, cores: int, backend: str) -> float:
+    """Three sides: one shard on every core, one shard on half the cores (one device), two shards at once on half
+    the cores each (two devices). Returns the two devices' speed-up over one, predicting."""
     args = [ckpt, "--lengths", "1k", "--tasks", TASKS, "--samples", samples, "--backend", backend, "--no-plot",
             "--data-dir", DATA, *(["--enforce-eager"] if backend == "vllm" else [])]
-    t0 = time.perf_counter()
-    _wait([_longctx("ruler", *args, "-o", root / "one", env=_env(cores))])
-    one = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    _wait([_longctx("ruler", *args, "-o", root / "two", "--shard", f"{i}/2", env=_env(max(1, cores // 2)))
-           for i in (1, 2)])
-    two = time.perf_counter() - t0
+    wall, predicting = {}, {}
+    for side, envs in (("all", [_env(cores)]), ("half", [{**_env(1), **share_environment(0, 2, 1)}]),
+                       ("two", [{**_env(1), **share_environment(i, 2, 1)} for i in range(2)])):
+        shard = (lambda i: ["--shard", f"{i + 1}/2"]) if side == "two" else (lambda i: [])
+        t0 = time.perf_counter()
+        _wait([_longctx("ruler", *args, "-o", root / side, *shard(i), env=env) for i, env in enumerate(envs)])
+        wall[side] = time.perf_counter() - t0
+        predicting[side] = (max(_predicting(root / side / "shards" / f"{i}-of-2" / "shard.json") for i in (1, 2))
+                            if side == "two" else _predicting(root / side / "scores.json"))
     _wait([_longctx("ruler", "merge", root / "two", "--no-plot", env=_env(cores))])
-    if _predictions(root / "two") != _predictions(root / "one"):
+    if not _predictions(root / "two") == _predictions(root / "half") == _predictions(root / "all"):
         sys.exit("bench_ruler_shards: the merged shards' predictions differ from the single run's")
-    # the predicting alone: what grows with the run (the start, the model load and the task files do not)
-    one_predict = json.loads((root / "one" / "scores.json").read_text())["timings"]["generate_s"]
-    two_predict = max(json.loads((root / "two" / "shards" / f"{i}-of-2" / "shard.json").read_text())["timings"]
-                      ["generate_s"] for i in (1, 2))
-    print(f"shards, whole processes: 1 shard on {cores} cores {one:.1f} s, 2 shards at once on {max(1, cores // 2)} "
-          f"core(s) each {two:.1f} s ({samples} samples x 2 tasks at 1k, {backend} backend); ratio {one / two:.2f}")
-    print(f"shards, predicting: 1 shard {one_predict:.1f} s, 2 shards {two_predict:.1f} s (the slower); ratio "
-          f"{one_predict / two_predict:.2f}", flush=True)
-    return one_predict / two_predict
+    half = max(1, cores // 2)
+    print(f"shards ({samples} samples x 2 tasks at 1k, {backend} backend), whole processes / predicting (the slower "
+          f"shard): 1 shard on {cores} cores {wall['all']:.1f} / {predicting['all']:.1f} s; 1 shard on {half} core(s) "
+          f"{wall['half']:.1f} / {predicting['half']:.1f} s; 2 shards at once on {half} core(s) each "
+          f"{wall['two']:.1f} / {predicting['two']:.1f} s")
+    print(f"shards, predicting: 2 shards vs 1 on every core: ratio {predicting['all'] / predicting['two']:.2f}; "
+          f"vs 1 on one share of the cores (one device to two): ratio {predicting['half'] / predicting['two']:.2f}",
+          flush=True)
+    return predicting["half"] / predicting["two"]
 
 
 def _free_port() -> int:
@@ -114,30 +127,31 @@ def _serve(ckpt: Path, log: Path, **env: str) -> tuple[subprocess.Popen, str]:
 
 
 def endpoints(ckpt: Path, root: Path, samples: int, cores: int) -> float:
+    """Three sides: one server on every core, one on half the cores (one device), two on half the cores each (two
+    devices); the run's wall time (the predicting: `generate_s`) each. Returns the two devices' speed-up."""
     args = [ckpt, "--lengths", "1k", "--tasks", TASKS, "--samples", samples, "--backend", "openai", "--no-plot",
             "--data-dir", DATA, "--concurrency", "8"]
-    timings = {}
-    allowed = sorted(os.sched_getaffinity(0))
-    half = [allowed[: len(allowed) // 2], allowed[len(allowed) // 2:]]
-    for side, servers in (("one", [{}]),
-                          ("two", [{"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, h)),
-                                    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"} for h in half])):
+    predicting = {}
+    for side, servers in (("all", [{}]), ("half", [share_environment(0, 2, 1)]),
+                          ("two", [share_environment(i, 2, 1) for i in range(2)])):
         started = [_serve(ckpt, root / f"serve-{side}-{i}.log", **env) for i, env in enumerate(servers)]
         try:
             urls = [a for _, url in started for a in ("--base-url", url)]
-            t0 = time.perf_counter()
             _wait([_longctx("ruler", *args, *urls, "-o", root / f"endpoints-{side}", env=_env(1))])
-            timings[side] = time.perf_counter() - t0
+            predicting[side] = _predicting(root / f"endpoints-{side}" / "scores.json")
         finally:
             for proc, _ in started:
                 proc.terminate()
                 proc.wait(60)
-    if _predictions(root / "endpoints-two") != _predictions(root / "endpoints-one"):
+    if not (_predictions(root / "endpoints-two") == _predictions(root / "endpoints-half")
+            == _predictions(root / "endpoints-all")):
         sys.exit("bench_ruler_shards: two servers' predictions differ from one server's")
-    print(f"endpoints: 1 server on {cores} cores {timings['one']:.1f} s, 2 servers on half the cores each "
-          f"{timings['two']:.1f} s ({samples} samples x 2 tasks at 1k, openai backend); ratio "
-          f"{timings['one'] / timings['two']:.2f}", flush=True)
-    return timings["one"] / timings["two"]
+    print(f"endpoints ({samples} samples x 2 tasks at 1k, openai backend, concurrency 8 per server), predicting: "
+          f"1 server on {cores} cores {predicting['all']:.1f} s; 1 server on half of them {predicting['half']:.1f} s; "
+          f"2 servers on half each {predicting['two']:.1f} s; ratio vs every core "
+          f"{predicting['all'] / predicting['two']:.2f}, vs one share (one device to two) "
+          f"{predicting['half'] / predicting['two']:.2f}", flush=True)
+    return predicting["half"] / predicting["two"]
 
 
 class _Instant:

@@ -39,9 +39,10 @@ def shares(items: list[str], count: int, per: int = 1) -> list[list[str]]:
     return [items[i * len(items) // count:(i + 1) * len(items) // count] for i in range(count)]
 
 
-def replica_environment(index: int, count: int, tensor_parallel: int) -> dict[str, str]:
-    """What replica `index` of `count` sets before vLLM starts: its GPUs, or on a CPU its cores, split between its
-    tensor-parallel ranks."""
+def share_environment(index: int, count: int, tensor_parallel: int) -> dict[str, str]:
+    """The environment of process `index` of `count` that share this machine (engine replicas, shards predicted at
+    once): its GPUs, or on a CPU its cores (its OpenMP threads, and vLLM's ranks bound to them: vLLM's own
+    binding would put every engine's threads on every core of the NUMA node)."""
     import torch
 
     if torch.cuda.is_available():
@@ -53,7 +54,7 @@ def replica_environment(index: int, count: int, tensor_parallel: int) -> dict[st
     mine = shares(cores, count)[index] or cores
     ranks = shares(mine, tensor_parallel)
     return {"VLLM_CPU_OMP_THREADS_BIND": "|".join(",".join(r) for r in ranks if r) or ",".join(mine),
-            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "OMP_NUM_THREADS": str(len(mine))}
 
 
 def _replica(conn: Connection, log: str, env: dict[str, str], engine: dict[str, Any]) -> None:
@@ -101,7 +102,7 @@ class Replicas:
         with children_bound():
             for i, log in enumerate(self.logs()):
                 ours, theirs = ctx.Pipe()
-                proc = ctx.Process(target=_replica, args=(theirs, str(log), replica_environment(i, self.count, tp),
+                proc = ctx.Process(target=_replica, args=(theirs, str(log), share_environment(i, self.count, tp),
                                                           self.engine), name=f"longctx-replica-{i}", daemon=True)
                 proc.start()
                 theirs.close()

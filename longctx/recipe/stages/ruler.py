@@ -94,17 +94,15 @@ class RulerStage(EvaluationStage):
 
 def _run_shards(job: RulerRunSettings, count: int, ctx: RunContext) -> None:
     """`job` as `count` shards predicted at once, each a `longctx ruler run ... --shard I/N` process bound to this
-    one with its share of the GPUs (when there are at least as many as shards), then merged into `job.output`."""
+    one with its share of the GPUs or cores, then merged into `job.output`."""
     from longctx.eval.settings import MergeSettings
     from longctx.eval.shards import merge_run
+    from longctx.eval.vllm_replicas import share_environment
     from longctx.recipe.launch import run_launched
-
-    devices = _devices()
-    share = len(devices) // count
 
     def one(index: int) -> None:
         shard = dataclasses.replace(job, shard=f"{index}/{count}")
-        env = {"CUDA_VISIBLE_DEVICES": ",".join(devices[(index - 1) * share:index * share])} if share else {}
+        env = share_environment(index - 1, count, job.tensor_parallel_size or 1)
         run_launched([sys.executable, "-m", "longctx", "ruler", "run", *shard.to_args()],
                      f"ruler shard {index}/{count} of {job.name}", env=env)
 
@@ -112,16 +110,3 @@ def _run_shards(job: RulerRunSettings, count: int, ctx: RunContext) -> None:
         for done in [pool.submit(one, i) for i in range(1, count + 1)]:
             done.result()
     merge_run(MergeSettings(run_dir=job.output), lambda folder: None, log=ctx.log)  # the stage then reports
-
-
-def _devices() -> list[str]:
-    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (none on a machine without CUDA)."""
-    import os
-
-    import torch
-
-    if not torch.cuda.is_available():
-        return []
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    names = [d.strip() for d in visible.split(",") if d.strip()] if visible else []
-    return names[:torch.cuda.device_count()] or [str(i) for i in range(torch.cuda.device_count())]
