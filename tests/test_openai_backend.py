@@ -392,3 +392,19 @@ def test_endpoints_that_serve_other_models_or_fail_are_refused_before_any_comple
         collect(several(serve, [down, serve(completion=lambda i: (503, {}, {"message": "down too"}))], retries=2,
                         concurrency=1), requests(1))
     assert str(e.value).startswith(f"endpoints {down.url}, ") and "failed 3 times" in str(e.value)
+
+
+def test_a_file_of_urls_lists_the_endpoints(serve, tmp_path):
+    servers = [serve(), serve()]
+    listed = tmp_path / "servers.txt"
+    listed.write_text(f"# the two nodes\n{servers[0].url}\n\n  {servers[1].url}  \n")
+    b = OpenAIBackend([f"@{listed}"], checkpoint=CKPT, checkpoint_dir=CKPT_DIR, max_model_len=4097)
+    serve.backends.append(b)
+    assert b.base_url == [s.url for s in servers]
+    for content, message in [(None, "cannot read"), ("# none\n\n", "lists no URL"), ("x" * (2 << 20), "over 1 MiB")]:
+        path = tmp_path / "bad.txt"
+        path.unlink(missing_ok=True)
+        if content is not None:
+            path.write_text(content)
+        with pytest.raises(InputError, match=message):
+            OpenAIBackend([f"@{path}"], checkpoint=CKPT, checkpoint_dir=CKPT_DIR, max_model_len=4097)

@@ -1,6 +1,8 @@
-"""The `openai` backend: any OpenAI-compatible `/v1/completions` endpoint (e.g. `vllm serve`).
+"""The `openai` backend: any OpenAI-compatible `/v1/completions` endpoint (e.g. `vllm serve`), or several serving
+one model (`--base-url` repeated, or `--base-url @FILE` listing them): the load is spread, a failure retried on
+another.
 
-One `httpx.Client` per backend, `concurrency` requests in flight over as many kept-alive connections.
+One `httpx.Client` per backend, `concurrency` requests in flight per endpoint over kept-alive connections.
 Before anything is generated, `check()` asks the server what it serves (`GET /models`) and refuses, in one
 line, a server that does not serve this checkpoint or whose context limit is below what the run needs:
 vLLM's model cards carry the served name (`id`), what it loaded (`root`) and `max_model_len`.
@@ -89,8 +91,9 @@ class _NoAnswer(Exception):
 class OpenAIOptions(BackendOptions):
     base_url: list[str] | None = setting(None, Urls(), "openai: endpoint, e.g. http://127.0.0.1:8000/v1 (credential: "
                                                         "OPENAI_API_KEY, or user:password@ in the URL, not both; "
-                                                        "recorded and shown redacted). Repeatable: requests go to "
-                                                        "the least busy server, a failed one is retried on another.")
+                                                        "recorded and shown redacted). Repeatable, or @FILE (one URL "
+                                                        "a line): requests go to the least busy server, a failed one "
+                                                        "is retried on another.")
     model: str | None = setting(None, Text(), "openai: model name on the server [default: the first it serves].",
                                 flag="--served-model")
     trust_served_model: bool = setting(False, Bool(), "openai: accept a served model whose name and root do not "
@@ -109,6 +112,37 @@ class OpenAIOptions(BackendOptions):
 def _refusal(text: str) -> SettingError:
     """A refusal whose `ref()`s name this backend's options (`--base-url`, `backend_options.base_url`)."""
     return SettingError(text, OpenAIOptions)
+
+
+# The largest file of URLs read (`--base-url @FILE`): a few thousand servers.
+MAX_URL_FILE_BYTES = 1 << 20
+
+
+def _listed(values: list[str]) -> list[str]:
+    """`--base-url` values with each `@FILE` replaced by the URLs the file lists (one a line; blank lines and lines
+    starting with # skipped)."""
+    urls = []
+    for value in values:
+        if not value.startswith("@"):
+            urls.append(value)
+            continue
+        path = os.path.expanduser(value[1:])
+        try:
+            with open(path, "rb") as f:
+                data = f.read(MAX_URL_FILE_BYTES + 1)
+        except OSError as e:
+            raise _refusal(f"{ref('base_url')} {value}: cannot read '{path}' ({e.strerror or type(e).__name__}); "
+                           "give a file that lists the servers' URLs, one a line") from None
+        if len(data) > MAX_URL_FILE_BYTES:
+            raise _refusal(f"{ref('base_url')} {value}: '{path}' is over {_mib(MAX_URL_FILE_BYTES)}, the limit for "
+                           "a file of URLs")
+        lines = [x.strip() for x in data.decode("utf-8", errors="replace").splitlines()]
+        found = [x for x in lines if x and not x.startswith("#")]
+        if not found:
+            raise _refusal(f"{ref('base_url')} {value}: '{path}' lists no URL; one a line, e.g. "
+                           "http://127.0.0.1:8000/v1")
+        urls += found
+    return urls
 
 
 class OpenAIBackend(Backend):
@@ -135,7 +169,7 @@ class OpenAIBackend(Backend):
                  api_key_env: str = "OPENAI_API_KEY", seed: int = 0, log: Callable[[str], None] | None = None):
         from longctx.eval.endpoint import Endpoint
 
-        urls = [base_url] if isinstance(base_url, str) else list(base_url or [])
+        urls = _listed([base_url] if isinstance(base_url, str) else list(base_url or []))
         if not urls:
             raise _refusal(f"the openai backend needs {ref('base_url')} (e.g. http://127.0.0.1:8000/v1)")
         self.endpoints = [Endpoint(url, api_key_env, owner=OpenAIOptions) for url in urls]
