@@ -289,8 +289,8 @@ def test_cli_run_default_command_and_bad_inputs(ruler_checkpoint, tmp_path, refe
 @pytest.mark.slow
 def test_cli_engine_options_reach_vllm(ruler_checkpoint, tmp_path, monkeypatch):
     """`--tensor-parallel-size/--data-parallel-size/--dtype/--kv-cache-memory/--gpu-memory-utilization/
-    --enforce-eager` arrive in `vllm.LLM(...)` under vLLM's own names (the engine is stopped at construction:
-    a multi-GPU engine cannot start here)."""
+    --enforce-eager` arrive in `vllm.LLM(...)` under vLLM's own names, each replica's for `--data-parallel-size`
+    (the engine is stopped at construction: a multi-GPU engine cannot start here)."""
     vllm = require_vllm()
     seen = {}
 
@@ -298,13 +298,20 @@ def test_cli_engine_options_reach_vllm(ruler_checkpoint, tmp_path, monkeypatch):
         seen.update(kwargs)
         raise InputError("engine construction reached")
 
+    def replicas(self):  # each replica's process would call vllm.LLM(**self.engine)
+        seen.update(self.engine, replicas=self.count)
+        raise InputError("engine construction reached")
+
+    from longctx.eval.vllm_replicas import Replicas
+
     monkeypatch.setattr(vllm, "LLM", llm)
+    monkeypatch.setattr(Replicas, "start", replicas)
     base = ["ruler", ruler_checkpoint, "--lengths", "1k", "--tasks", "vt", "--samples", "1"]
     r = run(*base, "-o", tmp_path / "a", "--tensor-parallel-size", "2", "--data-parallel-size", "4", "--dtype",
             "bfloat16", "--kv-cache-memory", "8e9", "--enforce-eager")
     assert r.exit_code == 2 and "engine construction reached" in r.stderr, r.output
     assert seen == {"model": str(ruler_checkpoint), "max_model_len": 1024, "tensor_parallel_size": 2,
-                    "data_parallel_size": 4, "dtype": "bfloat16", "kv_cache_memory_bytes": 8_000_000_000,
+                    "replicas": 4, "dtype": "bfloat16", "kv_cache_memory_bytes": 8_000_000_000,
                     "enforce_eager": True, "seed": 0}
     seen.clear()
     r = run(*base, "-o", tmp_path / "b", "--gpu-memory-utilization", "0.5")

@@ -39,7 +39,7 @@ def test_the_engine_starts_with_it_and_a_users_value_wins(monkeypatch, tmp_path)
         monkeypatch.delenv(key)
     VllmBackend("ckpt", 512, log_dir=tmp_path)._start()
     assert seen == {"VLLM_USE_AOT_COMPILE": "0", "VLLM_CPU_KVCACHE_SPACE": str(CPU_KV_CACHE_GIB),
-                    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+                    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_OMP_THREADS_BIND": None}
     monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
     VllmBackend("ckpt", 512, log_dir=tmp_path)._start()
     assert seen["VLLM_USE_AOT_COMPILE"] == "1"

@@ -28,10 +28,12 @@ def _predictions(run: Path) -> dict[str, bytes]:
 
 @pytest.mark.slow
 def test_two_replicas_and_two_tensor_parallel_ranks_predict_what_one_engine_does(ruler_checkpoint, tmp_path,
-                                                                                   vllm_engines):
+                                                                                   vllm_engines, monkeypatch):
     require_vllm()
     one = _run(ruler_checkpoint, tmp_path / "one", engine=vllm_engines.get(ruler_checkpoint, max_model_len=2048))
     vllm_engines.close()  # the cores are the replicas' now
+    # as a user's run: each replica's engine core in a process of its own (the tests' engines run theirs in-process)
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     dp = _run(ruler_checkpoint, tmp_path / "dp", data_parallel_size=2)
     assert _predictions(dp) == _predictions(one)
     ran = json.loads((dp / "scores.json").read_text())["backend"]["ran"]
@@ -52,3 +54,16 @@ def test_two_replicas_and_two_tensor_parallel_ranks_predict_what_one_engine_does
 ])
 def test_devices_and_cores_are_shared_between_replicas(items, count, per, expected):
     assert shares(items, count, per) == expected
+
+
+def test_tensor_parallel_ranks_on_a_cpu_share_its_cores(monkeypatch):
+    """vLLM's own binding puts one rank per NUMA node and refuses more ranks than nodes: the cores are split."""
+    import os
+
+    from longctx.eval.backends import vllm as backend
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(backend, "_numa_nodes", lambda: 1)
+    assert backend.cpu_engine_environment({"tensor_parallel_size": 2})["VLLM_CPU_OMP_THREADS_BIND"] == "0,1|2,3"
+    monkeypatch.setattr(backend, "_numa_nodes", lambda: 2)  # vLLM's "auto" binds a rank to each node
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in backend.cpu_engine_environment({"tensor_parallel_size": 2})

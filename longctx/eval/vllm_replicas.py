@@ -5,9 +5,10 @@ vLLM's offline `LLM` refuses `data_parallel_size > 1` ("not supported for single
 vllm/entrypoints/llm.py) and points to its explicit multi-process example
 (examples/features/data_parallel/data_parallel_offline.py), which starts one `LLM` per process; this is that, with
 the requests handed out as replicas ask for them (a replica that is faster gets more) and each answer reported as
-its batch finishes. A replica is a process spawned from this one: bound to it (`longctx.core.processes`), its output
-in `<log>.replica-<i>`. Devices: with CUDA, replica i gets GPUs [i*tp, (i+1)*tp) of those visible; on a CPU, its
-share of this process's cores (its OpenMP threads bound there: `VLLM_CPU_OMP_THREADS_BIND`).
+its batch finishes. A replica is a process spawned from this one and bound to it (`longctx.core.processes`), not a
+daemon (vLLM starts its engine core and workers from it); its output goes to `<log>.replica-<i>`. Devices: with
+CUDA, replica i gets GPUs [i*tp, (i+1)*tp) of those visible; on a CPU, its share of this process's cores (its
+OpenMP threads bound there: `VLLM_CPU_OMP_THREADS_BIND`).
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ class Replicas:
             for i, log in enumerate(self.logs()):
                 ours, theirs = ctx.Pipe()
                 proc = ctx.Process(target=_replica, args=(theirs, str(log), share_environment(i, self.count, tp),
-                                                          self.engine), name=f"longctx-replica-{i}", daemon=True)
+                                                          self.engine), name=f"longctx-replica-{i}")
                 proc.start()
                 theirs.close()
                 self.procs.append(proc)
