@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from http.server import BaseHTTPRequestHandler
 
 
 def send(handler, status, doc=None, headers=None, raw=None):
@@ -18,6 +19,19 @@ def send(handler, status, doc=None, headers=None, raw=None):
     handler.wfile.write(data)
 
 
+class QuietHandler(BaseHTTPRequestHandler):
+    """A request handler of the tests' servers: keep-alive, nothing logged, the request body read whole."""
+
+    protocol_version = "HTTP/1.1"  # keep-alive
+
+    def log_message(self, *args):
+        pass
+
+    def read_body(self) -> bytes | None:
+        n = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(n) if n else None
+
+
 class FlakyProxy:
     """An HTTP server on 127.0.0.1 (a thread) in front of the server `target` (its root, e.g.
     http://127.0.0.1:8000): it forwards every request there, except every other completion request, which it answers
@@ -26,21 +40,15 @@ class FlakyProxy:
     def __init__(self, target: str):
         import threading
         import urllib.request
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from http.server import ThreadingHTTPServer
 
         proxy = self
         self.failed = self.forwarded = 0
         lock = threading.Lock()
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
+        class Handler(QuietHandler):
             def _handle(self):
-                n = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(n) if n else None
+                body = self.read_body()
                 if self.path.endswith("/completions"):
                     with lock:
                         fail = (proxy.failed + proxy.forwarded) % 2 == 0

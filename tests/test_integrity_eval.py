@@ -16,12 +16,12 @@ import hashlib
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from http_helpers import send
+from http_helpers import QuietHandler, send
 
 from longctx.cli.main import cli
 from longctx.core.errors import InputError
@@ -76,15 +76,10 @@ class Server:
         self.lock = threading.Lock()
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
+        class Handler(QuietHandler):
             def _handle(self):
-                n = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(n)) if n else None
+                raw = self.read_body()
+                body = json.loads(raw) if raw else None
                 path = self.path.partition("?")[0]
                 with server.lock:
                     count = sum(p == path for p, _ in server.seen)

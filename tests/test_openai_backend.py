@@ -9,10 +9,10 @@ import threading
 import time
 from datetime import datetime, timedelta, timezone
 from email.utils import format_datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
-from http_helpers import send
+from http_helpers import QuietHandler, send
 
 from longctx.core.errors import InputError
 from longctx.eval.backends.openai import MAX_RETRY_AFTER_S, OpenAIBackend, retry_after
@@ -35,12 +35,8 @@ class FakeServer:
         self.lock = threading.Lock()
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # keep-alive
+        class Handler(QuietHandler):
             disable_nagle_algorithm = True  # the headers and the body, each sent at once
-
-            def log_message(self, *args):
-                pass
 
             _send = send
 
